@@ -1,0 +1,154 @@
+//! The loopback HTTP API: discovery, native and AgentField registration, health.
+//!
+//! [`router`] builds the whole app from an [`AppState`]; tests and the node serve it the same way.
+//! Every route that writes sits behind [`require_writer`]: a loopback client, or a valid API key.
+
+pub mod agentfield;
+pub mod agents;
+pub mod body;
+pub mod discovery;
+pub mod error;
+pub mod render;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde_json::json;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::defaults::{HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES};
+use crate::registry::health::Millis;
+use crate::registry::Registry;
+use error::ApiError;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    pub cache: Arc<discovery::ResponseCache>,
+    /// Lets non-loopback clients write. `None`: only loopback clients may write.
+    pub api_key: Option<Arc<str>>,
+    pub started: Instant,
+}
+
+impl AppState {
+    pub fn new(registry: Arc<Registry>, api_key: Option<String>) -> Self {
+        Self {
+            registry,
+            cache: Arc::default(),
+            api_key: api_key.map(Into::into),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Wall-clock now in milliseconds since the epoch: the only clock read on the request path.
+pub fn now_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Millis)
+}
+
+pub fn router(state: AppState) -> Router {
+    let writes = Router::new()
+        .route("/api/v1/agents", post(agents::register))
+        .route("/api/v1/agents/{id}", axum::routing::delete(agents::remove))
+        .route("/api/v1/nodes/register", post(agentfield::register))
+        .route("/api/v1/nodes/{id}/heartbeat", post(agentfield::heartbeat))
+        .route("/api/v1/nodes/{id}/shutdown", post(agentfield::shutdown))
+        .route("/api/v1/nodes/{id}/health", put(agentfield::update_health))
+        .route("/api/v1/did/register", post(agentfield::did_register))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_writer,
+        ));
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route(
+            "/api/v1/discovery/capabilities",
+            get(discovery::capabilities),
+        )
+        .route("/api/v1/agents", get(agents::list))
+        .route("/api/v1/agents/{id}", get(agents::get))
+        .route("/api/v1/nodes", get(agentfield::list_nodes))
+        .route("/api/v1/nodes/{id}", get(agentfield::get_node))
+        .merge(writes)
+        .fallback(|| async { ApiError::NotFound("route".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            HTTP_REQUEST_TIMEOUT,
+        ))
+        .with_state(state)
+}
+
+async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
+    let snapshot = app.registry.snapshot();
+    Json(json!({
+        "status": "healthy",
+        "peer_id": app.registry.local_peer_id().to_base58(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "agents": snapshot.entries.len(),
+        "local_agents": snapshot.entries.iter().filter(|e| e.is_local()).count(),
+        "uptime_seconds": app.started.elapsed().as_secs(),
+    }))
+}
+
+/// Lets a write through when the client is on loopback or presents the API key (`X-API-Key` or
+/// `Authorization: Bearer`).
+async fn require_writer(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let loopback = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(addr)| addr.ip().is_loopback());
+    if loopback || key_matches(app.api_key.as_deref(), req.headers()) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+fn key_matches(expected: Option<&str>, headers: &HeaderMap) -> bool {
+    let Some(expected) = expected else {
+        return false;
+    };
+    let presented = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        });
+    presented.is_some_and(|p| constant_time_eq(p.as_bytes(), expected.as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_key_from_either_header() {
+        let mut h = HeaderMap::new();
+        assert!(!key_matches(Some("k"), &h));
+        h.insert("x-api-key", "k".parse().unwrap());
+        assert!(key_matches(Some("k"), &h));
+        assert!(!key_matches(None, &h), "no key configured: nothing matches");
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer k".parse().unwrap());
+        assert!(key_matches(Some("k"), &h));
+        assert!(!key_matches(Some("kk"), &h));
+    }
+}

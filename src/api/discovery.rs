@@ -1,0 +1,123 @@
+//! `GET /api/v1/discovery/capabilities` and its response cache.
+//!
+//! The cache never serves a result that misses a change: an entry is tagged with the snapshot
+//! generation (bumped by every registration and removal) and the registry's health epoch (bumped when a
+//! heartbeat changes some agent's health), and it expires at the first instant at which any agent the
+//! query looked at would change health by itself. Both tags are read before the result is computed, so
+//! a change that races with the computation makes the entry stale at once rather than wrong.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::render;
+use super::{now_millis, AppState};
+use crate::defaults::{CACHE_ENTRIES, CACHE_MAX_AGE, CACHE_MAX_KEY_BYTES};
+use crate::query::{select, Format, Query};
+use crate::registry::health::Millis;
+
+const X_CACHE: &str = "x-cache";
+
+#[derive(Clone)]
+struct Cached {
+    body: Bytes,
+    format: Format,
+    expires: Millis,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// (snapshot generation, health epoch) every entry below belongs to.
+    tag: (u64, u64),
+    entries: HashMap<String, Cached>,
+}
+
+/// Rendered discovery responses keyed by raw query string.
+#[derive(Default)]
+pub struct ResponseCache {
+    state: Mutex<CacheState>,
+}
+
+impl ResponseCache {
+    fn get(&self, key: &str, tag: (u64, u64), now: Millis) -> Option<Cached> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.tag != tag {
+            return None;
+        }
+        state.entries.get(key).filter(|c| now < c.expires).cloned()
+    }
+
+    fn put(&self, key: String, tag: (u64, u64), value: Cached) {
+        if key.len() > CACHE_MAX_KEY_BYTES {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.tag != tag {
+            // Only a newer view replaces the tag; a slow request computed on an older one is dropped.
+            if tag < state.tag {
+                return;
+            }
+            state.tag = tag;
+            state.entries.clear();
+        }
+        if state.entries.len() >= CACHE_ENTRIES {
+            let now = value
+                .expires
+                .saturating_sub(CACHE_MAX_AGE.as_millis() as u64);
+            state.entries.retain(|_, c| c.expires > now);
+            if state.entries.len() >= CACHE_ENTRIES {
+                state.entries.clear();
+            }
+        }
+        state.entries.insert(key, value);
+    }
+}
+
+pub async fn capabilities(
+    State(app): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let raw = raw.unwrap_or_default();
+    let query = Query::parse(&raw)?;
+    let now = now_millis();
+    let snapshot = app.registry.snapshot();
+    let tag = (snapshot.generation, app.registry.health_epoch());
+    if let Some(hit) = app.cache.get(&raw, tag, now) {
+        return Ok(respond(hit, "hit"));
+    }
+    let thresholds = app.registry.thresholds();
+    let sel = select(&snapshot.entries, &query, now, thresholds);
+    let body = match query.format {
+        Format::Json => render::json::render(&sel, &query, now),
+        Format::Compact => render::compact::render(&sel, now),
+        Format::Xml => render::xml::render(&sel, &query, now),
+    };
+    let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
+    let expires = sel.valid_until.map_or(max_age, |t| t.min(max_age));
+    let cached = Cached {
+        body: Bytes::from(body),
+        format: query.format,
+        expires,
+    };
+    app.cache.put(raw, tag, cached.clone());
+    Ok(respond(cached, "miss"))
+}
+
+fn respond(cached: Cached, cache: &'static str) -> Response {
+    let content_type = match cached.format {
+        Format::Xml => "application/xml",
+        Format::Json | Format::Compact => "application/json",
+    };
+    let mut response = cached.body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(X_CACHE, HeaderValue::from_static(cache));
+    response
+}

@@ -1,0 +1,263 @@
+//! `format=xml`: the same page as XML, with schemas as `<field>` elements (the form the discovery spec
+//! gives for putting capabilities into an LLM prompt).
+//!
+//! Well-formed whatever the cards hold: quick-xml escapes markup, and [`clean`] replaces the characters
+//! that XML 1.0 forbids even when escaped (most C0 controls, lone surrogates cannot occur in `str`).
+
+use std::borrow::Cow;
+
+use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
+use quick_xml::Writer;
+use serde_json::Value;
+
+use super::{reasoner_target, rfc3339, skill_target};
+use crate::card::Capability;
+use crate::query::{Hit, Query, Selection};
+use crate::registry::health::Millis;
+
+/// Nested schema objects deeper than this are not expanded.
+const MAX_SCHEMA_DEPTH: usize = 8;
+
+fn is_xml_char(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+}
+
+/// The text with every character XML 1.0 forbids replaced by U+FFFD.
+pub fn clean(s: &str) -> Cow<'_, str> {
+    if s.chars().all(is_xml_char) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(
+            s.chars()
+                .map(|c| if is_xml_char(c) { c } else { '\u{FFFD}' })
+                .collect(),
+        )
+    }
+}
+
+struct Xml {
+    w: Writer<Vec<u8>>,
+}
+
+impl Xml {
+    fn event(&mut self, e: Event<'_>) {
+        // Writing into a Vec cannot fail.
+        let _ = self.w.write_event(e);
+    }
+
+    fn start(&mut self, name: &str, attrs: &[(&str, &str)]) {
+        self.event(Event::Start(tag(name, attrs)));
+    }
+
+    fn empty(&mut self, name: &str, attrs: &[(&str, &str)]) {
+        self.event(Event::Empty(tag(name, attrs)));
+    }
+
+    fn end(&mut self, name: &str) {
+        self.event(Event::End(BytesEnd::new(name)));
+    }
+
+    fn text(&mut self, text: &str) {
+        self.event(Event::Text(BytesText::new(&clean(text))));
+    }
+
+    fn text_element(&mut self, name: &str, text: &str) {
+        self.start(name, &[]);
+        self.text(text);
+        self.end(name);
+    }
+}
+
+fn tag<'a>(name: &'a str, attrs: &[(&str, &str)]) -> BytesStart<'a> {
+    let mut start = BytesStart::new(name);
+    for (k, v) in attrs {
+        start.push_attribute((*k, clean(v).as_ref()));
+    }
+    start
+}
+
+pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
+    let mut x = Xml {
+        w: Writer::new(Vec::with_capacity(4096)),
+    };
+    x.event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)));
+    x.start("discovery", &[("discovered_at", &rfc3339(now))]);
+    x.empty(
+        "summary",
+        &[
+            ("total_agents", &sel.total_agents.to_string()),
+            ("total_reasoners", &sel.total_reasoners.to_string()),
+            ("total_skills", &sel.total_skills.to_string()),
+            ("limit", &q.limit.to_string()),
+            ("offset", &q.offset.to_string()),
+            ("has_more", if sel.has_more { "true" } else { "false" }),
+        ],
+    );
+    x.start("capabilities", &[]);
+    for hit in &sel.page {
+        agent(&mut x, hit, q);
+    }
+    x.end("capabilities");
+    x.end("discovery");
+    x.w.into_inner()
+}
+
+fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
+    let e = hit.entry;
+    let card = &e.card;
+    let last = rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at));
+    let publisher = e.key.publisher.to_base58();
+    x.start(
+        "agent",
+        &[
+            ("id", &card.agent_id),
+            ("base_url", &card.base_url),
+            ("version", &card.version),
+            ("health_status", hit.health.as_str()),
+            ("deployment_type", &card.deployment_type),
+            ("last_heartbeat", &last),
+            ("publisher", &publisher),
+        ],
+    );
+    x.start("reasoners", &[]);
+    for &i in &hit.reasoners {
+        capability(
+            x,
+            "reasoner",
+            &card.reasoners[i],
+            &reasoner_target(card, i),
+            q,
+            true,
+        );
+    }
+    x.end("reasoners");
+    x.start("skills", &[]);
+    for &i in &hit.skills {
+        capability(
+            x,
+            "skill",
+            &card.skills[i],
+            &skill_target(card, i),
+            q,
+            false,
+        );
+    }
+    x.end("skills");
+    x.end("agent");
+}
+
+fn capability(x: &mut Xml, name: &str, c: &Capability, target: &str, q: &Query, is_reasoner: bool) {
+    x.start(name, &[("id", &c.id), ("target", target)]);
+    if q.include_descriptions {
+        if let Some(d) = &c.description {
+            x.text_element("description", d);
+        }
+    }
+    x.start("tags", &[]);
+    for t in &c.tags {
+        x.text_element("tag", t);
+    }
+    x.end("tags");
+    if q.include_input_schema {
+        schema(x, "input_schema", c.input_schema.as_deref());
+    }
+    if is_reasoner && q.include_output_schema {
+        schema(x, "output_schema", c.output_schema.as_deref());
+    }
+    if is_reasoner && q.include_examples && !c.examples.is_empty() {
+        x.start("examples", &[]);
+        for ex in &c.examples {
+            x.text_element("example", ex.get());
+        }
+        x.end("examples");
+    }
+    x.end(name);
+}
+
+fn schema(x: &mut Xml, name: &str, raw: Option<&serde_json::value::RawValue>) {
+    let Some(raw) = raw else { return };
+    let Ok(value) = serde_json::from_str::<Value>(raw.get()) else {
+        return;
+    };
+    x.start(name, &[]);
+    fields(x, &value, 0);
+    x.end(name);
+}
+
+/// One `<field>` per property; nested object properties (and those of array items) nest.
+fn fields(x: &mut Xml, schema: &Value, depth: usize) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for (name, prop) in props {
+        let ty = match prop.get("type") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("|"),
+            _ => "any".to_owned(),
+        };
+        let mut attrs: Vec<(&str, String)> = vec![("name", name.clone()), ("type", ty)];
+        if required.contains(&name.as_str()) {
+            attrs.push(("required", "true".to_owned()));
+        }
+        let bound = |keys: &[&str]| keys.iter().find_map(|k| prop.get(*k)).map(scalar);
+        if let Some(min) = bound(&["minimum", "exclusiveMinimum", "minLength", "minItems"]) {
+            attrs.push(("min", min));
+        }
+        if let Some(max) = bound(&["maximum", "exclusiveMaximum", "maxLength", "maxItems"]) {
+            attrs.push(("max", max));
+        }
+        if let Some(default) = prop.get("default") {
+            attrs.push(("default", scalar(default)));
+        }
+        let attrs: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let description = prop
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let nested = [Some(prop), prop.get("items")]
+            .into_iter()
+            .flatten()
+            .find(|p| p.get("properties").is_some_and(Value::is_object));
+        match nested {
+            Some(inner) if depth < MAX_SCHEMA_DEPTH => {
+                x.start("field", &attrs);
+                x.text(description);
+                fields(x, inner, depth + 1);
+                x.end("field");
+            }
+            _ if description.is_empty() => x.empty("field", &attrs),
+            _ => {
+                x.start("field", &attrs);
+                x.text(description);
+                x.end("field");
+            }
+        }
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_characters_are_replaced() {
+        assert_eq!(clean("a\u{0}b\u{1F}c\td"), "a\u{FFFD}b\u{FFFD}c\td");
+        assert!(matches!(clean("plain <&>"), Cow::Borrowed(_)));
+    }
+}

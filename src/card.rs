@@ -1,0 +1,409 @@
+//! The agent card: one record type for an agent, and the rules a card must meet before it enters the
+//! registry (from a local registration or, later, from the mesh).
+//!
+//! Schemas and examples are kept as raw, minified JSON: the query path copies them into responses
+//! without re-encoding, and a parsed `serde_json::Value` tree would cost several times the memory.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::defaults::{
+    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN,
+    MAX_URL_LEN,
+};
+
+/// Why a card was refused. `field` is a path into the card (`reasoners[2].id`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CardError {
+    #[error("malformed card JSON at `{field}`: {reason}")]
+    Malformed { field: String, reason: String },
+    #[error("invalid card field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("card is {size} bytes, over the {max} byte limit")]
+    TooLarge { size: usize, max: usize },
+}
+
+impl CardError {
+    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The card field the error is about, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Malformed { field, .. } | Self::Invalid { field, .. } => Some(field),
+            Self::TooLarge { .. } => None,
+        }
+    }
+}
+
+/// An agent as the mesh knows it. Field names follow AgentField's node model; the A2A view is derived.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentCard {
+    pub agent_id: String,
+    /// Human name; defaults to the agent id.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default = "default_version")]
+    pub version: String,
+    pub base_url: String,
+    #[serde(default = "default_deployment_type")]
+    pub deployment_type: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub reasoners: Vec<Capability>,
+    #[serde(default)]
+    pub skills: Vec<Capability>,
+    /// A2A `defaultInputModes` (media types).
+    #[serde(default = "default_modes")]
+    pub input_modes: Vec<String>,
+    /// A2A `defaultOutputModes` (media types).
+    #[serde(default = "default_modes")]
+    pub output_modes: Vec<String>,
+}
+
+/// A reasoner or a skill.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capability {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<Box<RawValue>>,
+}
+
+fn default_version() -> String {
+    "0.0.0".to_owned()
+}
+
+fn default_deployment_type() -> String {
+    "long_running".to_owned()
+}
+
+fn default_modes() -> Vec<String> {
+    vec!["application/json".to_owned()]
+}
+
+impl AgentCard {
+    /// Parses and validates a card from JSON. Type errors name the offending field.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, CardError> {
+        if bytes.len() > MAX_CARD_BYTES * 4 {
+            return Err(CardError::TooLarge {
+                size: bytes.len(),
+                max: MAX_CARD_BYTES,
+            });
+        }
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let card: AgentCard = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            CardError::Malformed {
+                field,
+                reason: e.inner().to_string(),
+            }
+        })?;
+        card.normalized()
+    }
+
+    /// Minifies schemas and examples, fills defaults, then validates. The result is what gets stored.
+    pub fn normalized(mut self) -> Result<Self, CardError> {
+        if self.name.is_empty() {
+            self.name = self.agent_id.clone();
+        }
+        for (list, kind) in [
+            (&mut self.reasoners, "reasoners"),
+            (&mut self.skills, "skills"),
+        ] {
+            for (i, cap) in list.iter_mut().enumerate() {
+                cap.minify(&format!("{kind}[{i}]"))?;
+            }
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The card as stored and signed: compact JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        // A card is plain data (strings, vectors, raw JSON): serialising it cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Checks every rule a stored card meets. Pure; called on every path into the registry.
+    pub fn validate(&self) -> Result<(), CardError> {
+        check_id("agent_id", &self.agent_id)?;
+        check_text("name", &self.name, MAX_SHORT_TEXT)?;
+        check_text("version", &self.version, MAX_SHORT_TEXT)?;
+        check_text("deployment_type", &self.deployment_type, MAX_SHORT_TEXT)?;
+        check_url("base_url", &self.base_url)?;
+        check_tags("tags", &self.tags)?;
+        check_modes("input_modes", &self.input_modes)?;
+        check_modes("output_modes", &self.output_modes)?;
+        let count = self.reasoners.len() + self.skills.len();
+        if count > MAX_CAPABILITIES {
+            return Err(CardError::invalid(
+                "reasoners",
+                format!("{count} reasoners and skills, over the limit of {MAX_CAPABILITIES}"),
+            ));
+        }
+        for (list, kind) in [(&self.reasoners, "reasoners"), (&self.skills, "skills")] {
+            let mut seen = std::collections::HashSet::new();
+            for (i, cap) in list.iter().enumerate() {
+                let at = format!("{kind}[{i}]");
+                cap.validate(&at)?;
+                if !seen.insert(cap.id.as_str()) {
+                    return Err(CardError::invalid(format!("{at}.id"), "duplicate id"));
+                }
+            }
+        }
+        let size = self.to_json().len();
+        if size > MAX_CARD_BYTES {
+            return Err(CardError::TooLarge {
+                size,
+                max: MAX_CARD_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Human name for display and the A2A view.
+    pub fn display_name(&self) -> &str {
+        if self.name.is_empty() {
+            &self.agent_id
+        } else {
+            &self.name
+        }
+    }
+}
+
+impl Capability {
+    fn minify(&mut self, at: &str) -> Result<(), CardError> {
+        for (slot, name) in [
+            (&mut self.input_schema, "input_schema"),
+            (&mut self.output_schema, "output_schema"),
+        ] {
+            if let Some(raw) = slot.take() {
+                let value: serde_json::Value =
+                    serde_json::from_str(raw.get()).map_err(|e| CardError::Malformed {
+                        field: format!("{at}.{name}"),
+                        reason: e.to_string(),
+                    })?;
+                if !value.is_object() {
+                    return Err(CardError::invalid(
+                        format!("{at}.{name}"),
+                        "must be a JSON object",
+                    ));
+                }
+                *slot = Some(to_raw(&value));
+            }
+        }
+        for example in &mut self.examples {
+            let value: serde_json::Value =
+                serde_json::from_str(example.get()).map_err(|e| CardError::Malformed {
+                    field: format!("{at}.examples"),
+                    reason: e.to_string(),
+                })?;
+            *example = to_raw(&value);
+        }
+        Ok(())
+    }
+
+    fn validate(&self, at: &str) -> Result<(), CardError> {
+        check_id(&format!("{at}.id"), &self.id)?;
+        if let Some(name) = &self.name {
+            check_text(&format!("{at}.name"), name, MAX_SHORT_TEXT)?;
+        }
+        check_tags(&format!("{at}.tags"), &self.tags)?;
+        for (slot, name) in [
+            (&self.input_schema, "input_schema"),
+            (&self.output_schema, "output_schema"),
+        ] {
+            if let Some(raw) = slot {
+                if !raw.get().starts_with('{') {
+                    return Err(CardError::invalid(
+                        format!("{at}.{name}"),
+                        "must be a JSON object",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Raw JSON of a value that came from JSON: re-encoding cannot fail.
+pub(crate) fn to_raw(value: &serde_json::Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value)
+        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).unwrap_or_default())
+}
+
+/// Ids appear in invocation targets (`agent:reasoner`, `agent:skill:id`) and URL paths, so they keep to
+/// a charset that needs no escaping anywhere and has no `:`.
+pub fn check_id(field: &str, id: &str) -> Result<(), CardError> {
+    if id.is_empty() {
+        return Err(CardError::invalid(field, "must not be empty"));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(CardError::invalid(
+            field,
+            format!("longer than {MAX_ID_LEN} bytes"),
+        ));
+    }
+    if let Some(bad) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(CardError::invalid(
+            field,
+            format!("character {bad:?} not allowed (use A-Z a-z 0-9 _ - .)"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_text(field: &str, text: &str, max: usize) -> Result<(), CardError> {
+    if text.len() > max {
+        return Err(CardError::invalid(
+            field,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_url(field: &str, url: &str) -> Result<(), CardError> {
+    if url.is_empty() {
+        return Err(CardError::invalid(field, "must not be empty"));
+    }
+    if url.len() > MAX_URL_LEN {
+        return Err(CardError::invalid(
+            field,
+            format!("longer than {MAX_URL_LEN} bytes"),
+        ));
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.contains(char::is_whitespace) => Ok(()),
+        _ => Err(CardError::invalid(
+            field,
+            "must be an http:// or https:// URL",
+        )),
+    }
+}
+
+fn check_tags(field: &str, tags: &[String]) -> Result<(), CardError> {
+    if tags.len() > MAX_TAGS {
+        return Err(CardError::invalid(
+            field,
+            format!("more than {MAX_TAGS} tags"),
+        ));
+    }
+    for (i, tag) in tags.iter().enumerate() {
+        if tag.is_empty() || tag.len() > MAX_TAG_LEN {
+            return Err(CardError::invalid(
+                format!("{field}[{i}]"),
+                format!("must be 1 to {MAX_TAG_LEN} bytes"),
+            ));
+        }
+        if tag.chars().any(|c| c.is_control() || c == ',') {
+            return Err(CardError::invalid(
+                format!("{field}[{i}]"),
+                "control characters and ',' are not allowed",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_modes(field: &str, modes: &[String]) -> Result<(), CardError> {
+    if modes.is_empty() {
+        return Err(CardError::invalid(field, "needs at least one media type"));
+    }
+    check_tags(field, modes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card(json: &str) -> Result<AgentCard, CardError> {
+        AgentCard::from_json(json.as_bytes())
+    }
+
+    #[test]
+    fn minimal_card_gets_defaults() {
+        let c = card(r#"{"agent_id":"a1","base_url":"http://127.0.0.1:9000"}"#).unwrap();
+        assert_eq!(c.name, "a1");
+        assert_eq!(c.version, "0.0.0");
+        assert_eq!(c.deployment_type, "long_running");
+        assert_eq!(c.input_modes, vec!["application/json"]);
+    }
+
+    #[test]
+    fn schemas_are_minified_and_keep_key_order() {
+        let c = card(
+            r#"{"agent_id":"a","base_url":"http://x","reasoners":[{"id":"r","input_schema":{ "z": 1, "a" : 2 }}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.reasoners[0].input_schema.as_ref().unwrap().get(),
+            r#"{"z":1,"a":2}"#
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = card(
+            r#"{"agent_id":"a","base_url":"http://x","reasoners":[{"id":"ok"},{"id":"bad id"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), Some("reasoners[1].id"));
+        let e = card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","tags":[1]}]}"#)
+            .unwrap_err();
+        assert_eq!(e.field(), Some("skills[0].tags[0]"));
+        let e = card(
+            r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","input_schema":[1]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), Some("skills[0].input_schema"));
+        let e = card(r#"{"agent_id":"","base_url":"http://x"}"#).unwrap_err();
+        assert_eq!(e.field(), Some("agent_id"));
+        let e = card(r#"{"agent_id":"a","base_url":"ftp://x"}"#).unwrap_err();
+        assert_eq!(e.field(), Some("base_url"));
+        let e = card(r#"{"agent_id":"a","base_url":"http://x","surprise":1}"#).unwrap_err();
+        assert!(matches!(e, CardError::Malformed { .. }));
+        let e = card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s"},{"id":"s"}]}"#)
+            .unwrap_err();
+        assert_eq!(e.field(), Some("skills[1].id"));
+    }
+
+    #[test]
+    fn ids_are_bounded() {
+        assert!(check_id("x", &"a".repeat(MAX_ID_LEN)).is_ok());
+        assert!(check_id("x", &"a".repeat(MAX_ID_LEN + 1)).is_err());
+        assert!(check_id("x", "a:b").is_err());
+    }
+
+    #[test]
+    fn oversized_card_is_refused() {
+        let big = "x".repeat(MAX_CARD_BYTES);
+        let json = format!(r#"{{"agent_id":"a","base_url":"http://x","description":"{big}"}}"#);
+        assert!(matches!(card(&json), Err(CardError::TooLarge { .. })));
+    }
+}

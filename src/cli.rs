@@ -1,0 +1,224 @@
+//! The command line. `run` flags also read `AGENTMESH_*` variables (flags win); both beat the file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError, LogFormat};
+use crate::defaults;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentmesh",
+    version,
+    about = "Decentralized discovery for AI agents"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (the default when no command is given).
+    Run(Box<RunArgs>),
+    /// Print this node's PeerId (creating the identity if needed).
+    Id {
+        #[arg(long, env = "AGENTMESH_DATA_DIR", default_value = defaults::DATA_DIR)]
+        data_dir: PathBuf,
+    },
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Default, Args)]
+pub struct RunArgs {
+    /// TOML config file (see config/).
+    #[arg(long, env = "AGENTMESH_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Data directory: identity key and store.
+    #[arg(long, env = "AGENTMESH_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP API address.
+    #[arg(long, env = "AGENTMESH_HTTP", value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// libp2p listen multiaddr (repeatable; comma-separated in the variable).
+    #[arg(
+        long,
+        env = "AGENTMESH_LISTEN",
+        value_name = "MULTIADDR",
+        value_delimiter = ','
+    )]
+    pub listen: Vec<String>,
+    /// Bootstrap peer multiaddr (repeatable; comma-separated in the variable).
+    #[arg(
+        long,
+        env = "AGENTMESH_BOOTSTRAP",
+        value_name = "MULTIADDR",
+        value_delimiter = ','
+    )]
+    pub bootstrap: Vec<String>,
+    /// Turn mDNS discovery off.
+    #[arg(long, env = "AGENTMESH_NO_MDNS")]
+    pub no_mdns: bool,
+    /// How often this node announces its agents (e.g. 2s).
+    #[arg(long, env = "AGENTMESH_HEARTBEAT_INTERVAL", value_name = "DURATION", value_parser = duration)]
+    pub heartbeat_interval: Option<Duration>,
+    /// Heartbeat age that makes an agent degraded.
+    #[arg(long, env = "AGENTMESH_DEGRADED_AFTER", value_name = "DURATION", value_parser = duration)]
+    pub degraded_after: Option<Duration>,
+    /// Heartbeat age that makes an agent inactive.
+    #[arg(long, env = "AGENTMESH_INACTIVE_AFTER", value_name = "DURATION", value_parser = duration)]
+    pub inactive_after: Option<Duration>,
+    /// Heartbeat age after which a remote agent is evicted.
+    #[arg(long, env = "AGENTMESH_EVICT_AFTER", value_name = "DURATION", value_parser = duration)]
+    pub evict_after: Option<Duration>,
+    /// Card file (JSON) to register at start (repeatable; comma-separated in the variable).
+    #[arg(
+        long = "card",
+        env = "AGENTMESH_CARDS",
+        value_name = "PATH",
+        value_delimiter = ','
+    )]
+    pub cards: Vec<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "AGENTMESH_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Key that lets non-loopback clients write (prefer the variable: flags show in `ps`).
+    #[arg(
+        long,
+        env = "AGENTMESH_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+}
+
+impl RunArgs {
+    /// Defaults, then the file, then these values (flags or their variables); validated.
+    pub fn resolve(&self) -> Result<Config, ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let Some(v) = &self.data_dir {
+            c.data_dir = v.clone();
+        }
+        if let Some(v) = self.http {
+            c.http = v;
+        }
+        if !self.listen.is_empty() {
+            c.listen = self.listen.clone();
+        }
+        if !self.bootstrap.is_empty() {
+            c.bootstrap = self.bootstrap.clone();
+        }
+        if self.no_mdns {
+            c.mdns = false;
+        }
+        for (slot, value) in [
+            (&mut c.heartbeat_interval, self.heartbeat_interval),
+            (&mut c.degraded_after, self.degraded_after),
+            (&mut c.inactive_after, self.inactive_after),
+            (&mut c.evict_after, self.evict_after),
+        ] {
+            if let Some(v) = value {
+                *slot = v;
+            }
+        }
+        if !self.cards.is_empty() {
+            c.cards = self.cards.clone();
+        }
+        if let Some(v) = self.log_format {
+            c.log_format = v;
+        }
+        if let Some(v) = &self.api_key {
+            c.api_key = Some(v.clone());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(std::iter::once("agentmesh").chain(args.iter().copied()))?;
+        match cli.command {
+            Some(Command::Run(r)) => Ok(*r),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// One test, because the environment is process-wide.
+    #[test]
+    fn precedence_is_defaults_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "http = \"127.0.0.1:1111\"\ndegraded_after = \"9s\"\ninactive_after = \"30s\"\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+
+        let c = run_args(&["run", "--config", file])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(c.http.port(), 1111, "file beats default");
+        assert_eq!(c.degraded_after, Duration::from_secs(9));
+        assert_eq!(
+            c.heartbeat_interval,
+            defaults::HEARTBEAT_INTERVAL,
+            "default kept"
+        );
+
+        std::env::set_var("AGENTMESH_HTTP", "127.0.0.1:2222");
+        std::env::set_var(
+            "AGENTMESH_BOOTSTRAP",
+            "/ip4/127.0.0.1/tcp/1,/ip4/127.0.0.1/tcp/2",
+        );
+        let c = run_args(&["run", "--config", file])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(c.http.port(), 2222, "env beats file");
+        assert_eq!(c.bootstrap.len(), 2);
+        let c = run_args(&[
+            "run",
+            "--config",
+            file,
+            "--http",
+            "127.0.0.1:3333",
+            "--no-mdns",
+        ])
+        .unwrap()
+        .resolve()
+        .unwrap();
+        assert_eq!(c.http.port(), 3333, "flag beats env");
+        assert!(!c.mdns);
+
+        std::env::set_var("AGENTMESH_HTTP", "nonsense");
+        let e = run_args(&["run"]).unwrap_err().to_string();
+        assert!(e.contains("--http"), "{e}");
+        std::env::remove_var("AGENTMESH_HTTP");
+        std::env::remove_var("AGENTMESH_BOOTSTRAP");
+
+        let e = run_args(&["run", "--heartbeat-interval", "fast"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--heartbeat-interval"), "{e}");
+        let e = run_args(&["run", "--degraded-after", "1s"])
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("degraded_after"), "{e}");
+    }
+}

@@ -1,0 +1,172 @@
+//! The node's identity: an Ed25519 keypair created on first start in the data directory (mode 0600) and
+//! reused after. The PeerId embeds the public key, so anyone can verify what this node signs.
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use libp2p::identity::{Keypair, PeerId};
+
+use crate::defaults::IDENTITY_FILE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("cannot create data directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read identity key {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write identity key {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("identity key {path} is not a valid key file: {reason} (move it aside to create a new identity)")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// The keypair and its PeerId. `Debug` never prints the secret key.
+#[derive(Clone)]
+pub struct Identity {
+    keypair: Keypair,
+    peer_id: PeerId,
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("peer_id", &self.peer_id)
+            .field("keypair", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Identity {
+    /// Loads `<data_dir>/identity.key`, or creates it (and the directory) on first start.
+    pub fn load_or_create(data_dir: &Path) -> Result<Self, IdentityError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| IdentityError::CreateDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join(IDENTITY_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let keypair = Keypair::from_protobuf_encoding(&bytes).map_err(|e| {
+                    IdentityError::Corrupt {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                if keypair.clone().try_into_ed25519().is_err() {
+                    return Err(IdentityError::Corrupt {
+                        path,
+                        reason: "not an Ed25519 key".into(),
+                    });
+                }
+                warn_if_readable_by_others(&path);
+                Ok(Self::from_keypair(keypair))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let keypair = Keypair::generate_ed25519();
+                write_private(&path, &keypair)?;
+                tracing::info!(peer_id = %keypair.public().to_peer_id(), path = %path.display(), "created node identity");
+                Ok(Self::from_keypair(keypair))
+            }
+            Err(source) => Err(IdentityError::Read { path, source }),
+        }
+    }
+
+    /// A fresh identity that lives only in memory.
+    pub fn ephemeral() -> Self {
+        Self::from_keypair(Keypair::generate_ed25519())
+    }
+
+    fn from_keypair(keypair: Keypair) -> Self {
+        let peer_id = keypair.public().to_peer_id();
+        Self { keypair, peer_id }
+    }
+
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    pub fn keypair(&self) -> &Keypair {
+        &self.keypair
+    }
+}
+
+/// Writes the key to a temporary file created with mode 0600, syncs it, then renames it into place,
+/// so a crash never leaves a half-written key and the secret is never readable by others.
+fn write_private(path: &Path, keypair: &Keypair) -> Result<(), IdentityError> {
+    let err = |source| IdentityError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let bytes = keypair
+        .to_protobuf_encoding()
+        .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    let tmp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(&tmp).map_err(err)?;
+    file.write_all(&bytes).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(())
+}
+
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(path = %path.display(), mode = format!("{mode:o}"), "identity key is readable by other users; chmod 600 it");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_once_then_reused_with_private_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Identity::load_or_create(dir.path()).unwrap();
+        let second = Identity::load_or_create(dir.path()).unwrap();
+        assert_eq!(first.peer_id(), second.peer_id());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(IDENTITY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert!(!format!("{first:?}").contains("Keypair {"));
+    }
+
+    #[test]
+    fn corrupt_key_is_a_clear_error_and_left_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(IDENTITY_FILE);
+        std::fs::write(&path, b"garbage").unwrap();
+        let err = Identity::load_or_create(dir.path()).unwrap_err();
+        assert!(matches!(err, IdentityError::Corrupt { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"garbage");
+    }
+}

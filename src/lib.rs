@@ -1,0 +1,25 @@
+//! agentmesh: a decentralized discovery layer for AI agents.
+//!
+//! # Layout
+//!
+//! - [`cli`], [`config`], [`defaults`]: the command line, layered settings and every default and limit.
+//! - [`identity`]: the node's Ed25519 keypair (PeerId), created once in the data directory.
+//! - [`card`]: the agent card model and its validation.
+//! - [`registry`]: the single owner of the view: sled persistence ([`registry::store`]), pure health
+//!   derivation ([`registry::health`]) and the immutable snapshot that queries read.
+//! - [`query`]: discovery parameters, wildcard matching, filtering and pagination (pure).
+//! - [`api`]: the axum router: discovery (json, xml, compact, with a response cache), native and
+//!   AgentField registration, errors as JSON.
+//! - [`node`]: the facade that starts all of the above and owns shutdown.
+//!
+//! One task serves HTTP; writers are serialised by the registry; readers never block.
+
+pub mod api;
+pub mod card;
+pub mod cli;
+pub mod config;
+pub mod defaults;
+pub mod identity;
+pub mod node;
+pub mod query;
+pub mod registry;

@@ -1,0 +1,61 @@
+use anyhow::Context;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use agentmesh::cli::{Cli, Command};
+use agentmesh::config::LogFormat;
+use agentmesh::identity::Identity;
+use agentmesh::node::Node;
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or_else(|| Command::Run(Box::default())) {
+        Command::Id { data_dir } => {
+            let identity = Identity::load_or_create(&data_dir)?;
+            println!("{}", identity.peer_id());
+            Ok(())
+        }
+        Command::Run(args) => {
+            let config = args.resolve()?;
+            init_tracing(config.log_format);
+            tracing::debug!(?config, "configuration");
+            let mut node = Node::start(config).await.context("node failed to start")?;
+            tokio::select! {
+                _ = shutdown_signal() => tracing::info!("shutting down"),
+                error = node.failed() => return Err(error).context("node failed"),
+            }
+            node.shutdown().await?;
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,154 @@
+//! The node: wires identity, registry and HTTP API together and owns their shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::identity::PeerId;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, now_millis, AppState};
+use crate::card::{AgentCard, CardError};
+use crate::config::Config;
+use crate::defaults::STORE_DIR;
+use crate::identity::{Identity, IdentityError};
+use crate::registry::{Liveness, Registry, RegistryError};
+
+/// How long shutdown waits for open HTTP requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("cannot read card file {path}: {source}")]
+    CardRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid card file {path}: {source}")]
+    CardInvalid { path: PathBuf, source: CardError },
+    #[error("cannot listen for HTTP on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A running node. Drop does not stop it; call [`Node::shutdown`].
+pub struct Node {
+    peer_id: PeerId,
+    http_addr: SocketAddr,
+    registry: Arc<Registry>,
+    cancel: CancellationToken,
+    http: JoinHandle<Result<(), NodeError>>,
+}
+
+impl Node {
+    /// Opens the data dir, registers the configured card files and starts serving.
+    pub async fn start(config: Config) -> Result<Self, NodeError> {
+        let identity = Identity::load_or_create(&config.data_dir)?;
+        let peer_id = identity.peer_id();
+        let store_dir = config.data_dir.join(STORE_DIR);
+        let thresholds = config.thresholds();
+        let (registry, report) =
+            tokio::task::spawn_blocking(move || Registry::open(&store_dir, peer_id, thresholds))
+                .await
+                .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
+        tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
+        let registry = Arc::new(registry);
+
+        for path in &config.cards {
+            let bytes = tokio::fs::read(path)
+                .await
+                .map_err(|source| NodeError::CardRead {
+                    path: path.clone(),
+                    source,
+                })?;
+            let card = AgentCard::from_json(&bytes).map_err(|source| NodeError::CardInvalid {
+                path: path.clone(),
+                source,
+            })?;
+            let agent_id = card.agent_id.clone();
+            let applied = registry
+                .register_local(card, Liveness::Node, now_millis())
+                .await?;
+            tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
+        }
+
+        let listener = tokio::net::TcpListener::bind(config.http)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: config.http,
+                source,
+            })?;
+        let http_addr = listener.local_addr().map_err(|source| NodeError::Bind {
+            addr: config.http,
+            source,
+        })?;
+        if !http_addr.ip().is_loopback() && config.api_key.is_none() {
+            tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
+        }
+        let app = api::router(AppState::new(registry.clone(), config.api_key.clone()));
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        let http = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .map_err(NodeError::Serve)
+        });
+        tracing::info!(%http_addr, %peer_id, "node started");
+        Ok(Self {
+            peer_id,
+            http_addr,
+            registry,
+            cancel,
+            http,
+        })
+    }
+
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// The bound HTTP address (useful with port 0).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Resolves when a task of the node fails (never for a healthy node).
+    pub async fn failed(&mut self) -> NodeError {
+        match (&mut self.http).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => NodeError::Serve(std::io::Error::other("HTTP server stopped")),
+            Err(e) => NodeError::Serve(std::io::Error::other(e)),
+        }
+    }
+
+    /// Stops serving (open requests get a grace period) and flushes the store.
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        self.cancel.cancel();
+        match tokio::time::timeout(SHUTDOWN_GRACE, self.http).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(join)) => tracing::warn!(error = %join, "HTTP task ended abnormally"),
+            Err(_) => tracing::warn!("HTTP connections still open after the grace period; closing"),
+        }
+        self.registry.flush().await?;
+        tracing::info!(peer_id = %self.peer_id, "node stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,344 @@
+//! Discovery queries: parameter parsing, wildcard matching, filtering and pagination. Pure: no I/O, time
+//! is a parameter.
+
+use std::collections::BTreeSet;
+
+use crate::defaults::{
+    DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_TAGS,
+};
+use crate::registry::health::{Health, Millis, Thresholds};
+use crate::registry::Entry;
+
+/// A parameter that failed to parse: rendered as the 400 body of the API contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {parameter} parameter")]
+pub struct ParamError {
+    pub parameter: &'static str,
+    pub provided: String,
+    pub allowed: &'static [&'static str],
+}
+
+/// Response format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Json,
+    Xml,
+    Compact,
+}
+
+/// A `*` wildcard pattern, anchored at both ends, case-sensitive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    parts: Vec<String>,
+    wildcard: bool,
+}
+
+impl Pattern {
+    pub fn new(pattern: &str) -> Self {
+        Self {
+            parts: pattern.split('*').map(str::to_owned).collect(),
+            wildcard: pattern.contains('*'),
+        }
+    }
+
+    /// True when the pattern matches every string (`*`, `**`, or empty).
+    pub fn matches_all(&self) -> bool {
+        self.parts.iter().all(String::is_empty)
+    }
+
+    pub fn matches(&self, s: &str) -> bool {
+        if !self.wildcard {
+            return self.parts[0].is_empty() || self.parts[0] == s;
+        }
+        let (first, rest) = self
+            .parts
+            .split_first()
+            .expect("split yields at least one part");
+        let (last, middle) = rest
+            .split_last()
+            .expect("a wildcard pattern has at least two parts");
+        if s.len() < first.len() + last.len()
+            || !s.starts_with(first.as_str())
+            || !s.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut hay = &s[first.len()..s.len() - last.len()];
+        for part in middle {
+            match hay.find(part.as_str()) {
+                Some(at) => hay = &hay[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// A parsed discovery request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    /// Allow-list of agent ids (empty: all).
+    pub ids: BTreeSet<String>,
+    pub reasoner: Option<Pattern>,
+    pub skill: Option<Pattern>,
+    /// Empty: no tag filter.
+    pub tags: Vec<Pattern>,
+    pub include_input_schema: bool,
+    pub include_output_schema: bool,
+    pub include_descriptions: bool,
+    pub include_examples: bool,
+    pub format: Format,
+    pub health: Option<Health>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+impl Default for Query {
+    fn default() -> Self {
+        Self {
+            ids: BTreeSet::new(),
+            reasoner: None,
+            skill: None,
+            tags: Vec::new(),
+            include_input_schema: false,
+            include_output_schema: false,
+            include_descriptions: true,
+            include_examples: false,
+            format: Format::Json,
+            health: None,
+            limit: DISCOVERY_LIMIT,
+            offset: 0,
+        }
+    }
+}
+
+const BOOL_ALLOWED: &[&str] = &["true", "false"];
+const FORMAT_ALLOWED: &[&str] = &["json", "xml", "compact"];
+const HEALTH_ALLOWED: &[&str] = &["active", "inactive", "degraded", "unknown"];
+const LIMIT_ALLOWED: &[&str] = &["0-500"];
+const OFFSET_ALLOWED: &[&str] = &["0-1000000"];
+
+impl Query {
+    /// Parses a raw (percent-encoded) query string. The first occurrence of a parameter counts;
+    /// unknown parameters are ignored; errors come in the order of the API contract's table.
+    pub fn parse(raw: &str) -> Result<Query, ParamError> {
+        let mut params: Vec<(String, String)> = Vec::new();
+        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+            if !params.iter().any(|(seen, _)| seen.as_str() == k) {
+                params.push((k.into_owned(), v.into_owned()));
+            }
+        }
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let mut q = Query::default();
+
+        let single = get("agent")
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| get("node_id"));
+        let lists = [single, get("agent_ids"), get("node_ids")];
+        for list in lists.into_iter().flatten() {
+            for id in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                if q.ids.len() >= MAX_QUERY_IDS {
+                    return Err(ParamError {
+                        parameter: "agent_ids",
+                        provided: format!("more than {MAX_QUERY_IDS} ids"),
+                        allowed: &[],
+                    });
+                }
+                q.ids.insert(id.to_owned());
+            }
+        }
+        q.reasoner = get("reasoner")
+            .map(Pattern::new)
+            .filter(|p| !p.matches_all());
+        q.skill = get("skill").map(Pattern::new).filter(|p| !p.matches_all());
+        if let Some(tags) = get("tags") {
+            let patterns: Vec<Pattern> = tags
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(Pattern::new)
+                .collect();
+            if patterns.len() > MAX_QUERY_TAGS {
+                return Err(ParamError {
+                    parameter: "tags",
+                    provided: format!("{} patterns", patterns.len()),
+                    allowed: &[],
+                });
+            }
+            // A pattern that matches everything makes the whole filter a no-op.
+            if !patterns.iter().any(Pattern::matches_all) {
+                q.tags = patterns;
+            }
+        }
+        q.include_input_schema =
+            parse_bool("include_input_schema", get("include_input_schema"), false)?;
+        q.include_output_schema =
+            parse_bool("include_output_schema", get("include_output_schema"), false)?;
+        q.include_descriptions =
+            parse_bool("include_descriptions", get("include_descriptions"), true)?;
+        q.include_examples = parse_bool("include_examples", get("include_examples"), false)?;
+        if let Some(v) = get("format") {
+            q.format = match v.to_ascii_lowercase().as_str() {
+                "json" => Format::Json,
+                "xml" => Format::Xml,
+                "compact" => Format::Compact,
+                _ => {
+                    return Err(ParamError {
+                        parameter: "format",
+                        provided: v.to_owned(),
+                        allowed: FORMAT_ALLOWED,
+                    })
+                }
+            };
+        }
+        if let Some(v) = get("health_status").filter(|v| !v.is_empty()) {
+            q.health = Some(Health::parse(v).ok_or_else(|| ParamError {
+                parameter: "health_status",
+                provided: v.to_owned(),
+                allowed: HEALTH_ALLOWED,
+            })?);
+        }
+        if let Some(v) = get("limit") {
+            q.limit = parse_int("limit", v, MAX_DISCOVERY_LIMIT, LIMIT_ALLOWED)?;
+        }
+        if let Some(v) = get("offset") {
+            q.offset = parse_int("offset", v, MAX_DISCOVERY_OFFSET, OFFSET_ALLOWED)?;
+        }
+        Ok(q)
+    }
+
+    /// Does a capability survive the tag filter?
+    fn tags_match(&self, tags: &[String]) -> bool {
+        self.tags.is_empty() || tags.iter().any(|t| self.tags.iter().any(|p| p.matches(t)))
+    }
+}
+
+fn parse_bool(name: &'static str, value: Option<&str>, default: bool) -> Result<bool, ParamError> {
+    let Some(v) = value else { return Ok(default) };
+    match v.to_ascii_lowercase().as_str() {
+        "" => Ok(default),
+        "true" | "1" | "yes" | "y" => Ok(true),
+        "false" | "0" | "no" | "n" => Ok(false),
+        _ => Err(ParamError {
+            parameter: name,
+            provided: v.to_owned(),
+            allowed: BOOL_ALLOWED,
+        }),
+    }
+}
+
+/// Strict decimal: digits only, no sign, no exponent, no radix prefix.
+pub(crate) fn parse_int(
+    name: &'static str,
+    v: &str,
+    max: usize,
+    allowed: &'static [&'static str],
+) -> Result<usize, ParamError> {
+    let err = || ParamError {
+        parameter: name,
+        provided: v.to_owned(),
+        allowed,
+    };
+    if v.is_empty() || v.len() > 12 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err());
+    }
+    let n: usize = v.parse().map_err(|_| err())?;
+    if n > max {
+        return Err(err());
+    }
+    Ok(n)
+}
+
+/// One agent of the result page with the indices of its surviving reasoners and skills.
+#[derive(Debug)]
+pub struct Hit<'a> {
+    pub entry: &'a Entry,
+    pub health: Health,
+    pub last_heartbeat: Option<Millis>,
+    pub reasoners: Vec<usize>,
+    pub skills: Vec<usize>,
+}
+
+/// The outcome of a query over a view.
+#[derive(Debug)]
+pub struct Selection<'a> {
+    pub total_agents: usize,
+    pub total_reasoners: usize,
+    pub total_skills: usize,
+    pub has_more: bool,
+    pub page: Vec<Hit<'a>>,
+    /// The earliest instant at which the health of an agent that the filters (other than health)
+    /// considered would change by itself. A cached copy of this result is wrong from then on.
+    pub valid_until: Option<Millis>,
+}
+
+/// Runs `query` over `entries` (already in discovery order) at time `now`.
+pub fn select<'a, E: AsRef<Entry> + 'a>(
+    entries: &'a [E],
+    query: &Query,
+    now: Millis,
+    thresholds: &Thresholds,
+) -> Selection<'a> {
+    let mut sel = Selection {
+        total_agents: 0,
+        total_reasoners: 0,
+        total_skills: 0,
+        has_more: false,
+        page: Vec::new(),
+        valid_until: None,
+    };
+    let page_end = query.offset.saturating_add(query.limit);
+    for entry in entries.iter().map(AsRef::as_ref) {
+        if !query.ids.is_empty() && !query.ids.contains(&entry.key.agent_id) {
+            continue;
+        }
+        let card = &entry.card;
+        let reasoners: Vec<usize> = (0..card.reasoners.len())
+            .filter(|&i| {
+                let r = &card.reasoners[i];
+                query.reasoner.as_ref().is_none_or(|p| p.matches(&r.id))
+                    && query.tags_match(&r.tags)
+            })
+            .collect();
+        let skills: Vec<usize> = (0..card.skills.len())
+            .filter(|&i| {
+                let s = &card.skills[i];
+                query.skill.as_ref().is_none_or(|p| p.matches(&s.id)) && query.tags_match(&s.tags)
+            })
+            .collect();
+        if reasoners.is_empty() && skills.is_empty() {
+            continue;
+        }
+        if let Some(t) = entry.next_health_change(now, thresholds) {
+            sel.valid_until = Some(sel.valid_until.map_or(t, |v: Millis| v.min(t)));
+        }
+        let health = entry.health(now, thresholds);
+        if query.health.is_some_and(|h| h != health) {
+            continue;
+        }
+        let index = sel.total_agents;
+        sel.total_agents += 1;
+        sel.total_reasoners += reasoners.len();
+        sel.total_skills += skills.len();
+        if index >= query.offset && index < page_end {
+            sel.page.push(Hit {
+                entry,
+                health,
+                last_heartbeat: entry.last_heartbeat(now),
+                reasoners,
+                skills,
+            });
+        }
+    }
+    sel.has_more = page_end < sel.total_agents;
+    sel
+}
+
+#[cfg(test)]
+mod tests;

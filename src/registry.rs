@@ -1,0 +1,581 @@
+//! The registry: the single owner of this node's view of the mesh.
+//!
+//! Writers (local registration today, the mesh tomorrow) go through [`Registry::apply`], which
+//! persists a change before it becomes visible. Readers take an immutable [`Snapshot`] (an `Arc`
+//! swapped on every change), so a query never waits for a writer and never touches disk.
+//!
+//! Heartbeat times live beside the snapshot in atomics shared by every snapshot generation: a
+//! heartbeat is one atomic store, not a snapshot rebuild.
+
+pub mod health;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use libp2p::identity::PeerId;
+
+use crate::card::AgentCard;
+use health::{Health, Millis, Reported, Thresholds};
+use store::{Row, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no local agent with id `{0}`")]
+    NotFound(String),
+}
+
+/// Who keeps a local agent's health fresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// The agent sends its own heartbeats (AgentField SDK agents); silence makes it degraded.
+    Agent,
+    /// This node vouches for the agent while the node runs (card files, native registration).
+    Node,
+}
+
+/// Where a record came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Local(Liveness),
+    Remote,
+}
+
+impl Origin {
+    fn to_u8(self) -> u8 {
+        match self {
+            Origin::Remote => 0,
+            Origin::Local(Liveness::Agent) => 1,
+            Origin::Local(Liveness::Node) => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Origin> {
+        match v {
+            0 => Some(Origin::Remote),
+            1 => Some(Origin::Local(Liveness::Agent)),
+            2 => Some(Origin::Local(Liveness::Node)),
+            _ => None,
+        }
+    }
+}
+
+/// A record's identity: the same agent id from two publishers is two records.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordKey {
+    pub agent_id: String,
+    pub publisher: PeerId,
+}
+
+/// The mutable liveness facts of one record, shared across snapshot generations.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Millis of the last heartbeat; 0 means never.
+    last_heartbeat: AtomicU64,
+    reported: AtomicU8,
+}
+
+impl Live {
+    fn beat(&self, now: Millis, reported: Reported) {
+        self.last_heartbeat.store(now.max(1), Ordering::Release);
+        self.reported.store(reported.to_u8(), Ordering::Release);
+    }
+
+    fn last(&self) -> Option<Millis> {
+        match self.last_heartbeat.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    fn reported(&self) -> Reported {
+        Reported::from_u8(self.reported.load(Ordering::Acquire))
+    }
+}
+
+/// One agent in the view.
+#[derive(Debug)]
+pub struct Entry {
+    pub key: RecordKey,
+    pub seq: u64,
+    pub card: AgentCard,
+    pub origin: Origin,
+    /// When this node accepted this version of the card.
+    pub updated_at: Millis,
+    live: Arc<Live>,
+}
+
+impl Entry {
+    /// A fresh entry with no heartbeat yet (tests and tooling; the registry builds its own).
+    pub fn new(
+        key: RecordKey,
+        seq: u64,
+        card: AgentCard,
+        origin: Origin,
+        updated_at: Millis,
+    ) -> Self {
+        Self {
+            key,
+            seq,
+            card,
+            origin,
+            updated_at,
+            live: Arc::new(Live::default()),
+        }
+    }
+
+    /// Records a sign of life (tests and tooling; the registry goes through `heartbeat_local`).
+    pub fn beat(&self, now: Millis, reported: Reported) {
+        self.live.beat(now, reported);
+    }
+
+    pub fn is_local(&self) -> bool {
+        matches!(self.origin, Origin::Local(_))
+    }
+
+    /// Time of the last sign of life: for agents this node vouches for, the node itself is the sign.
+    pub fn last_heartbeat(&self, now: Millis) -> Option<Millis> {
+        match self.origin {
+            Origin::Local(Liveness::Node) => Some(now),
+            _ => self.live.last(),
+        }
+    }
+
+    pub fn reported(&self) -> Reported {
+        self.live.reported()
+    }
+
+    pub fn health(&self, now: Millis, thresholds: &Thresholds) -> Health {
+        thresholds.health(now, self.last_heartbeat(now), self.reported())
+    }
+
+    /// When this entry's health would next change without a heartbeat.
+    pub fn next_health_change(&self, now: Millis, thresholds: &Thresholds) -> Option<Millis> {
+        match self.origin {
+            Origin::Local(Liveness::Node) => None,
+            _ => thresholds.next_change(now, self.live.last()),
+        }
+    }
+}
+
+impl AsRef<Entry> for Entry {
+    fn as_ref(&self) -> &Entry {
+        self
+    }
+}
+
+/// An immutable view, sorted by `(agent_id, publisher)`: the order discovery answers in.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub entries: Vec<Arc<Entry>>,
+}
+
+impl Snapshot {
+    /// Every entry with this agent id (one per publisher), local first.
+    pub fn by_agent_id(&self, agent_id: &str) -> Vec<&Arc<Entry>> {
+        let start = self
+            .entries
+            .partition_point(|e| e.key.agent_id.as_str() < agent_id);
+        let mut found: Vec<_> = self.entries[start..]
+            .iter()
+            .take_while(|e| e.key.agent_id == agent_id)
+            .collect();
+        found.sort_by_key(|e| !e.is_local());
+        found
+    }
+}
+
+/// A change offered to the registry. Short-lived (built and applied at once), so the size difference
+/// between the variants does not matter.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Update {
+    Upsert {
+        publisher: PeerId,
+        seq: u64,
+        card: AgentCard,
+        origin: Origin,
+    },
+    Remove {
+        publisher: PeerId,
+        agent_id: String,
+        seq: u64,
+    },
+}
+
+/// What [`Registry::apply`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Created {
+        seq: u64,
+    },
+    Updated {
+        seq: u64,
+    },
+    Removed {
+        seq: u64,
+    },
+    /// Not newer than what is held (or nothing to remove): nothing changed.
+    Stale {
+        held: Option<u64>,
+    },
+}
+
+/// The pure rule: highest seq wins; equal or older is stale.
+pub fn accepts(held: Option<u64>, incoming: u64) -> bool {
+    held.is_none_or(|held| incoming > held)
+}
+
+/// The next seq for a local record: above the last one, and at least the wall clock in millis, so that
+/// a record re-created after a removal still outranks the removal everywhere.
+pub fn next_local_seq(held: Option<u64>, now: Millis) -> u64 {
+    held.map_or(now, |h| h.saturating_add(1).max(now))
+}
+
+pub struct Registry {
+    me: PeerId,
+    store: Store,
+    thresholds: Thresholds,
+    /// The authoritative map. A tokio mutex because writers hold it across the store flush, which
+    /// serialises writes so that the disk and the view change in the same order.
+    writer: tokio::sync::Mutex<BTreeMap<RecordKey, Arc<Entry>>>,
+    snapshot: ArcSwap<Snapshot>,
+    health_epoch: AtomicU64,
+}
+
+/// What opening found on disk.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpenReport {
+    pub local: usize,
+    pub remote: usize,
+    pub unreadable: usize,
+}
+
+impl Registry {
+    /// Opens the store under `dir`, re-validates every row and builds the first snapshot. Rows whose card
+    /// no longer validates are skipped and counted, never served.
+    pub fn open(
+        dir: &Path,
+        me: PeerId,
+        thresholds: Thresholds,
+    ) -> Result<(Self, OpenReport), RegistryError> {
+        let store = Store::open(dir)?;
+        let loaded = store.load()?;
+        let mut report = OpenReport {
+            unreadable: loaded.unreadable,
+            ..OpenReport::default()
+        };
+        let mut map = BTreeMap::new();
+        for row in loaded.rows {
+            match entry_from_row(&row) {
+                Some(entry) => {
+                    if entry.is_local() {
+                        report.local += 1;
+                    } else {
+                        report.remote += 1;
+                    }
+                    map.insert(entry.key.clone(), Arc::new(entry));
+                }
+                None => {
+                    tracing::warn!(agent_id = %row.agent_id, "skipping stored record that does not validate");
+                    report.unreadable += 1;
+                }
+            }
+        }
+        let snapshot = Snapshot {
+            generation: 1,
+            entries: map.values().cloned().collect(),
+        };
+        let registry = Self {
+            me,
+            store,
+            thresholds,
+            writer: tokio::sync::Mutex::new(map),
+            snapshot: ArcSwap::from_pointee(snapshot),
+            health_epoch: AtomicU64::new(0),
+        };
+        Ok((registry, report))
+    }
+
+    pub fn local_peer_id(&self) -> PeerId {
+        self.me
+    }
+
+    pub fn thresholds(&self) -> &Thresholds {
+        &self.thresholds
+    }
+
+    /// The current view. Cheap: one atomic load.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Bumped whenever a heartbeat changes some agent's derived health.
+    pub fn health_epoch(&self) -> u64 {
+        self.health_epoch.load(Ordering::Acquire)
+    }
+
+    /// Registers (or re-registers) a local agent under this node's key. Durable when it returns.
+    pub async fn register_local(
+        &self,
+        card: AgentCard,
+        liveness: Liveness,
+        now: Millis,
+    ) -> Result<Applied, RegistryError> {
+        let mut map = self.writer.lock().await;
+        let key = RecordKey {
+            agent_id: card.agent_id.clone(),
+            publisher: self.me,
+        };
+        let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
+        let update = Update::Upsert {
+            publisher: self.me,
+            seq,
+            card,
+            origin: Origin::Local(liveness),
+        };
+        let applied = self.apply_locked(&mut map, update, now).await?;
+        if liveness == Liveness::Agent {
+            // Registering is the agent's first sign of life.
+            if let Some(entry) = map.get(&key) {
+                entry.live.beat(now, Reported::Ready);
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Removes a local agent. Durable when it returns.
+    pub async fn deregister_local(
+        &self,
+        agent_id: &str,
+        now: Millis,
+    ) -> Result<Applied, RegistryError> {
+        let mut map = self.writer.lock().await;
+        let key = RecordKey {
+            agent_id: agent_id.to_owned(),
+            publisher: self.me,
+        };
+        let Some(held) = map.get(&key).map(|e| e.seq) else {
+            return Err(RegistryError::NotFound(agent_id.to_owned()));
+        };
+        let update = Update::Remove {
+            publisher: self.me,
+            agent_id: agent_id.to_owned(),
+            seq: next_local_seq(Some(held), now),
+        };
+        self.apply_locked(&mut map, update, now).await
+    }
+
+    /// The single door into the view, for local and remote changes alike.
+    pub async fn apply(&self, update: Update, now: Millis) -> Result<Applied, RegistryError> {
+        let mut map = self.writer.lock().await;
+        self.apply_locked(&mut map, update, now).await
+    }
+
+    async fn apply_locked(
+        &self,
+        map: &mut BTreeMap<RecordKey, Arc<Entry>>,
+        update: Update,
+        now: Millis,
+    ) -> Result<Applied, RegistryError> {
+        let applied = match update {
+            Update::Upsert {
+                publisher,
+                seq,
+                card,
+                origin,
+            } => {
+                let key = RecordKey {
+                    agent_id: card.agent_id.clone(),
+                    publisher,
+                };
+                let held = map.get(&key);
+                if !accepts(held.map(|e| e.seq), seq) {
+                    return Ok(Applied::Stale {
+                        held: held.map(|e| e.seq),
+                    });
+                }
+                let created = held.is_none();
+                let live = held.map(|e| e.live.clone()).unwrap_or_default();
+                let row = Row::new(
+                    publisher.to_bytes(),
+                    key.agent_id.clone(),
+                    seq,
+                    origin.to_u8(),
+                    now,
+                    String::from_utf8(card.to_json()).unwrap_or_default(),
+                );
+                self.store.put(&row).await?;
+                map.insert(
+                    key.clone(),
+                    Arc::new(Entry {
+                        key,
+                        seq,
+                        card,
+                        origin,
+                        updated_at: now,
+                        live,
+                    }),
+                );
+                if created {
+                    Applied::Created { seq }
+                } else {
+                    Applied::Updated { seq }
+                }
+            }
+            Update::Remove {
+                publisher,
+                agent_id,
+                seq,
+            } => {
+                let key = RecordKey {
+                    agent_id,
+                    publisher,
+                };
+                let held = map.get(&key).map(|e| e.seq);
+                if held.is_none() || !accepts(held, seq) {
+                    return Ok(Applied::Stale { held });
+                }
+                self.store
+                    .remove(&key.agent_id, &publisher.to_bytes())
+                    .await?;
+                map.remove(&key);
+                Applied::Removed { seq }
+            }
+        };
+        self.publish(map);
+        Ok(applied)
+    }
+
+    fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
+        let generation = self.snapshot.load().generation + 1;
+        self.snapshot.store(Arc::new(Snapshot {
+            generation,
+            entries: map.values().cloned().collect(),
+        }));
+    }
+
+    /// Records a heartbeat from a local agent. Returns its health after the heartbeat.
+    pub fn heartbeat_local(
+        &self,
+        agent_id: &str,
+        reported: Option<Reported>,
+        now: Millis,
+    ) -> Result<Health, RegistryError> {
+        let snapshot = self.snapshot();
+        let entry = snapshot
+            .by_agent_id(agent_id)
+            .into_iter()
+            .find(|e| e.key.publisher == self.me)
+            .cloned()
+            .ok_or_else(|| RegistryError::NotFound(agent_id.to_owned()))?;
+        let before = entry.health(now, &self.thresholds);
+        entry
+            .live
+            .beat(now, reported.unwrap_or_else(|| entry.reported()));
+        let after = entry.health(now, &self.thresholds);
+        if before != after {
+            self.health_epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(after)
+    }
+
+    /// Inserts many local cards with one flush. For bulk loads and benchmarks; not a network path.
+    pub async fn bulk_register_local(
+        &self,
+        cards: Vec<AgentCard>,
+        liveness: Liveness,
+        now: Millis,
+    ) -> Result<usize, RegistryError> {
+        let mut map = self.writer.lock().await;
+        let origin = Origin::Local(liveness);
+        let mut rows = Vec::with_capacity(cards.len());
+        let mut entries = Vec::with_capacity(cards.len());
+        for card in cards {
+            let key = RecordKey {
+                agent_id: card.agent_id.clone(),
+                publisher: self.me,
+            };
+            let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
+            rows.push(Row::new(
+                self.me.to_bytes(),
+                key.agent_id.clone(),
+                seq,
+                origin.to_u8(),
+                now,
+                String::from_utf8(card.to_json()).unwrap_or_default(),
+            ));
+            let live = Arc::new(Live::default());
+            if liveness == Liveness::Agent {
+                live.beat(now, Reported::Ready);
+            }
+            entries.push(Entry {
+                key,
+                seq,
+                card,
+                origin,
+                updated_at: now,
+                live,
+            });
+        }
+        self.store.put_many(&rows).await?;
+        let count = entries.len();
+        for entry in entries {
+            map.insert(entry.key.clone(), Arc::new(entry));
+        }
+        self.publish(&map);
+        Ok(count)
+    }
+
+    /// Flushes the store (shutdown).
+    pub async fn flush(&self) -> Result<(), RegistryError> {
+        Ok(self.store.flush().await?)
+    }
+}
+
+fn entry_from_row(row: &Row) -> Option<Entry> {
+    let publisher = PeerId::from_bytes(&row.publisher).ok()?;
+    let origin = Origin::from_u8(row.origin)?;
+    let card = AgentCard::from_json(row.card.as_bytes()).ok()?;
+    if card.agent_id != row.agent_id {
+        return None;
+    }
+    Some(Entry {
+        key: RecordKey {
+            agent_id: row.agent_id.clone(),
+            publisher,
+        },
+        seq: row.seq,
+        card,
+        origin,
+        updated_at: row.updated_at,
+        live: Arc::new(Live::default()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn highest_seq_wins() {
+        assert!(accepts(None, 1));
+        assert!(accepts(Some(1), 2));
+        assert!(!accepts(Some(2), 2));
+        assert!(!accepts(Some(3), 2));
+    }
+
+    #[test]
+    fn local_seq_is_monotonic_and_clock_based() {
+        assert_eq!(next_local_seq(None, 1000), 1000);
+        assert_eq!(next_local_seq(Some(1000), 1000), 1001);
+        assert_eq!(next_local_seq(Some(5000), 1000), 5001);
+        assert_eq!(next_local_seq(Some(10), 1000), 1000);
+    }
+}

@@ -1,0 +1,190 @@
+//! The sled store: one tree of records, keyed `agent_id \0 publisher`. Values are versioned CBOR.
+//!
+//! Only writers touch it; queries read the in-memory snapshot. Heartbeat times are not stored at all
+//! (they are worthless after a restart), so a heartbeat never rewrites a card row.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::defaults::SLED_CACHE_BYTES;
+
+/// Version of the row format; a row of another version is reported, never misread.
+const ROW_VERSION: u8 = 1;
+const RECORDS_TREE: &str = "records";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open store at {path}: {source}")]
+    Open { path: PathBuf, source: sled::Error },
+    #[error("store write failed: {0}")]
+    Write(sled::Error),
+    #[error("store read failed: {0}")]
+    Read(sled::Error),
+}
+
+/// One stored record, as written.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Row {
+    pub version: u8,
+    /// PeerId bytes of the publisher.
+    pub publisher: Vec<u8>,
+    pub agent_id: String,
+    pub seq: u64,
+    /// 0 remote, 1 local with its own heartbeats, 2 local vouched for by this node.
+    pub origin: u8,
+    pub updated_at: u64,
+    /// The card as compact JSON.
+    pub card: String,
+}
+
+impl Row {
+    pub fn new(
+        publisher: Vec<u8>,
+        agent_id: String,
+        seq: u64,
+        origin: u8,
+        updated_at: u64,
+        card: String,
+    ) -> Self {
+        Self {
+            version: ROW_VERSION,
+            publisher,
+            agent_id,
+            seq,
+            origin,
+            updated_at,
+            card,
+        }
+    }
+
+    fn key(&self) -> Vec<u8> {
+        row_key(&self.agent_id, &self.publisher)
+    }
+}
+
+pub fn row_key(agent_id: &str, publisher: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(agent_id.len() + 1 + publisher.len());
+    key.extend_from_slice(agent_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(publisher);
+    key
+}
+
+/// Rows read at start, and how many could not be read.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub rows: Vec<Row>,
+    pub unreadable: usize,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    records: sled::Tree,
+}
+
+impl Store {
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: dir.to_owned(),
+            source,
+        };
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(SLED_CACHE_BYTES)
+            .open()
+            .map_err(open_err)?;
+        let records = db.open_tree(RECORDS_TREE).map_err(open_err)?;
+        Ok(Self { db, records })
+    }
+
+    /// Every row. A row that does not decode is counted and skipped (and left on disk for inspection).
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let mut loaded = Loaded::default();
+        for item in self.records.iter() {
+            let (key, value) = item.map_err(StoreError::Read)?;
+            match ciborium::from_reader::<Row, _>(value.as_ref()) {
+                Ok(row) if row.version == ROW_VERSION && row.key() == key.as_ref() => {
+                    loaded.rows.push(row)
+                }
+                Ok(row) => {
+                    tracing::warn!(
+                        version = row.version,
+                        "skipping store row of unknown version or key"
+                    );
+                    loaded.unreadable += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "skipping unreadable store row");
+                    loaded.unreadable += 1;
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Writes the row and returns once it is on disk.
+    pub async fn put(&self, row: &Row) -> Result<(), StoreError> {
+        let mut value = Vec::with_capacity(row.card.len() + 64);
+        // Encoding into a Vec cannot fail for this plain struct.
+        ciborium::into_writer(row, &mut value)
+            .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
+        self.records
+            .insert(row.key(), value)
+            .map_err(StoreError::Write)?;
+        self.flush().await
+    }
+
+    /// Removes the row and returns once that is on disk.
+    pub async fn remove(&self, agent_id: &str, publisher: &[u8]) -> Result<(), StoreError> {
+        self.records
+            .remove(row_key(agent_id, publisher))
+            .map_err(StoreError::Write)?;
+        self.flush().await
+    }
+
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(StoreError::Write)
+    }
+
+    /// Writes many rows with one flush (bulk loads and tooling).
+    pub async fn put_many(&self, rows: &[Row]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for row in rows {
+            let mut value = Vec::new();
+            ciborium::into_writer(row, &mut value)
+                .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
+            batch.insert(row.key(), value);
+        }
+        self.records.apply_batch(batch).map_err(StoreError::Write)?;
+        self.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rows_survive_reopen_and_bad_rows_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = Row::new(vec![1, 2, 3], "a".into(), 7, 1, 42, "{}".into());
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.put(&row).await.unwrap();
+            store.records.insert(b"junk", b"not cbor".to_vec()).unwrap();
+            store.flush().await.unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.rows, vec![row.clone()]);
+        assert_eq!(loaded.unreadable, 1);
+        store.remove("a", &[1, 2, 3]).await.unwrap();
+        assert!(store.load().unwrap().rows.is_empty());
+    }
+}

@@ -40,20 +40,13 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(registry: Arc<Registry>, api_key: Option<String>) -> Self {
-        Self {
-            registry,
-            cache: Arc::default(),
-            api_key: api_key.map(Into::into),
-            started: Instant::now(),
-        }
+        Self { registry, cache: Arc::default(), api_key: api_key.map(Into::into), started: Instant::now() }
     }
 }
 
 /// Wall-clock now in milliseconds since the epoch: the only clock read on the request path.
 pub fn now_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
 }
 
 pub fn router(state: AppState) -> Router {
@@ -65,16 +58,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/nodes/{id}/shutdown", post(agentfield::shutdown))
         .route("/api/v1/nodes/{id}/health", put(agentfield::update_health))
         .route("/api/v1/did/register", post(agentfield::did_register))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_writer,
-        ));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_writer));
     Router::new()
         .route("/api/v1/health", get(health))
-        .route(
-            "/api/v1/discovery/capabilities",
-            get(discovery::capabilities),
-        )
+        .route("/api/v1/discovery/capabilities", get(discovery::capabilities))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))
         .route("/api/v1/nodes", get(agentfield::list_nodes))
@@ -82,10 +69,7 @@ pub fn router(state: AppState) -> Router {
         .merge(writes)
         .fallback(|| async { ApiError::NotFound("route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            HTTP_REQUEST_TIMEOUT,
-        ))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, HTTP_REQUEST_TIMEOUT))
         .with_state(state)
 }
 
@@ -119,15 +103,9 @@ fn key_matches(expected: Option<&str>, headers: &HeaderMap) -> bool {
     let Some(expected) = expected else {
         return false;
     };
-    let presented = headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| {
-            headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-        });
+    let presented = headers.get("x-api-key").and_then(|v| v.to_str().ok()).or_else(|| {
+        headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+    });
     presented.is_some_and(|p| constant_time_eq(p.as_bytes(), expected.as_bytes()))
 }
 
@@ -150,5 +128,45 @@ mod tests {
         h.insert("authorization", "Bearer k".parse().unwrap());
         assert!(key_matches(Some("k"), &h));
         assert!(!key_matches(Some("kk"), &h));
+    }
+}
+
+#[cfg(test)]
+mod auth_tests {
+    use super::*;
+    use crate::registry::health::Thresholds;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    async fn call(app: Router, from: &str, key: Option<&str>) -> StatusCode {
+        let mut req = Request::post("/api/v1/agents")
+            .body(Body::from(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s"}]}"#))
+            .unwrap();
+        req.extensions_mut().insert(ConnectInfo(from.parse::<SocketAddr>().unwrap()));
+        if let Some(key) = key {
+            req.headers_mut().insert("x-api-key", key.parse().unwrap());
+        }
+        app.oneshot(req).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn writes_need_loopback_or_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = crate::identity::Identity::ephemeral().peer_id();
+        let (registry, _) = Registry::open(dir.path(), me, Thresholds::default()).unwrap();
+        let registry = Arc::new(registry);
+        let key = "0123456789abcdef-key";
+        let app = router(AppState::new(registry.clone(), Some(key.into())));
+        assert_eq!(call(app.clone(), "192.0.2.7:5000", None).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            call(app.clone(), "192.0.2.7:5000", Some("wrong-key-wrong-key")).await,
+            StatusCode::UNAUTHORIZED
+        );
+        assert!(registry.snapshot().entries.is_empty(), "a refused write writes nothing");
+        assert_eq!(call(app.clone(), "192.0.2.7:5000", Some(key)).await, StatusCode::CREATED);
+        assert_eq!(call(app.clone(), "127.0.0.1:5000", None).await, StatusCode::OK);
+        assert_eq!(call(app.clone(), "[::1]:5000", None).await, StatusCode::OK);
+        let no_key = router(AppState::new(registry, None));
+        assert_eq!(call(no_key, "192.0.2.7:5000", Some(key)).await, StatusCode::UNAUTHORIZED);
     }
 }

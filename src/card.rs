@@ -8,8 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::defaults::{
-    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN,
-    MAX_URL_LEN,
+    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN, MAX_URL_LEN,
 };
 
 /// Why a card was refused. `field` is a path into the card (`reasoners[2].id`).
@@ -25,10 +24,7 @@ pub enum CardError {
 
 impl CardError {
     fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        Self::Invalid { field: field.into(), reason: reason.into() }
     }
 
     /// The card field the error is about, if any.
@@ -104,18 +100,15 @@ impl AgentCard {
     /// Parses and validates a card from JSON. Type errors name the offending field.
     pub fn from_json(bytes: &[u8]) -> Result<Self, CardError> {
         if bytes.len() > MAX_CARD_BYTES * 4 {
-            return Err(CardError::TooLarge {
-                size: bytes.len(),
-                max: MAX_CARD_BYTES,
-            });
+            return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
         }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let card: AgentCard = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            CardError::Malformed {
-                field,
-                reason: e.inner().to_string(),
-            }
+            let field = match e.path().to_string() {
+                p if p == "?" || p == "." => "card".to_owned(),
+                p => p,
+            };
+            CardError::Malformed { field, reason: e.inner().to_string() }
         })?;
         card.normalized()
     }
@@ -125,10 +118,7 @@ impl AgentCard {
         if self.name.is_empty() {
             self.name = self.agent_id.clone();
         }
-        for (list, kind) in [
-            (&mut self.reasoners, "reasoners"),
-            (&mut self.skills, "skills"),
-        ] {
+        for (list, kind) in [(&mut self.reasoners, "reasoners"), (&mut self.skills, "skills")] {
             for (i, cap) in list.iter_mut().enumerate() {
                 cap.minify(&format!("{kind}[{i}]"))?;
             }
@@ -172,10 +162,7 @@ impl AgentCard {
         }
         let size = self.to_json().len();
         if size > MAX_CARD_BYTES {
-            return Err(CardError::TooLarge {
-                size,
-                max: MAX_CARD_BYTES,
-            });
+            return Err(CardError::TooLarge { size, max: MAX_CARD_BYTES });
         }
         Ok(())
     }
@@ -192,31 +179,23 @@ impl AgentCard {
 
 impl Capability {
     fn minify(&mut self, at: &str) -> Result<(), CardError> {
-        for (slot, name) in [
-            (&mut self.input_schema, "input_schema"),
-            (&mut self.output_schema, "output_schema"),
-        ] {
+        for (slot, name) in
+            [(&mut self.input_schema, "input_schema"), (&mut self.output_schema, "output_schema")]
+        {
             if let Some(raw) = slot.take() {
-                let value: serde_json::Value =
-                    serde_json::from_str(raw.get()).map_err(|e| CardError::Malformed {
-                        field: format!("{at}.{name}"),
-                        reason: e.to_string(),
-                    })?;
+                let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| {
+                    CardError::Malformed { field: format!("{at}.{name}"), reason: e.to_string() }
+                })?;
                 if !value.is_object() {
-                    return Err(CardError::invalid(
-                        format!("{at}.{name}"),
-                        "must be a JSON object",
-                    ));
+                    return Err(CardError::invalid(format!("{at}.{name}"), "must be a JSON object"));
                 }
                 *slot = Some(to_raw(&value));
             }
         }
         for example in &mut self.examples {
-            let value: serde_json::Value =
-                serde_json::from_str(example.get()).map_err(|e| CardError::Malformed {
-                    field: format!("{at}.examples"),
-                    reason: e.to_string(),
-                })?;
+            let value: serde_json::Value = serde_json::from_str(example.get()).map_err(|e| {
+                CardError::Malformed { field: format!("{at}.examples"), reason: e.to_string() }
+            })?;
             *example = to_raw(&value);
         }
         Ok(())
@@ -228,16 +207,10 @@ impl Capability {
             check_text(&format!("{at}.name"), name, MAX_SHORT_TEXT)?;
         }
         check_tags(&format!("{at}.tags"), &self.tags)?;
-        for (slot, name) in [
-            (&self.input_schema, "input_schema"),
-            (&self.output_schema, "output_schema"),
-        ] {
+        for (slot, name) in [(&self.input_schema, "input_schema"), (&self.output_schema, "output_schema")] {
             if let Some(raw) = slot {
                 if !raw.get().starts_with('{') {
-                    return Err(CardError::invalid(
-                        format!("{at}.{name}"),
-                        "must be a JSON object",
-                    ));
+                    return Err(CardError::invalid(format!("{at}.{name}"), "must be a JSON object"));
                 }
             }
         }
@@ -258,15 +231,9 @@ pub fn check_id(field: &str, id: &str) -> Result<(), CardError> {
         return Err(CardError::invalid(field, "must not be empty"));
     }
     if id.len() > MAX_ID_LEN {
-        return Err(CardError::invalid(
-            field,
-            format!("longer than {MAX_ID_LEN} bytes"),
-        ));
+        return Err(CardError::invalid(field, format!("longer than {MAX_ID_LEN} bytes")));
     }
-    if let Some(bad) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-    {
+    if let Some(bad) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
         return Err(CardError::invalid(
             field,
             format!("character {bad:?} not allowed (use A-Z a-z 0-9 _ - .)"),
@@ -277,10 +244,7 @@ pub fn check_id(field: &str, id: &str) -> Result<(), CardError> {
 
 fn check_text(field: &str, text: &str, max: usize) -> Result<(), CardError> {
     if text.len() > max {
-        return Err(CardError::invalid(
-            field,
-            format!("longer than {max} bytes"),
-        ));
+        return Err(CardError::invalid(field, format!("longer than {max} bytes")));
     }
     Ok(())
 }
@@ -290,29 +254,18 @@ fn check_url(field: &str, url: &str) -> Result<(), CardError> {
         return Err(CardError::invalid(field, "must not be empty"));
     }
     if url.len() > MAX_URL_LEN {
-        return Err(CardError::invalid(
-            field,
-            format!("longer than {MAX_URL_LEN} bytes"),
-        ));
+        return Err(CardError::invalid(field, format!("longer than {MAX_URL_LEN} bytes")));
     }
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"));
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
     match rest {
         Some(host) if !host.is_empty() && !host.contains(char::is_whitespace) => Ok(()),
-        _ => Err(CardError::invalid(
-            field,
-            "must be an http:// or https:// URL",
-        )),
+        _ => Err(CardError::invalid(field, "must be an http:// or https:// URL")),
     }
 }
 
 fn check_tags(field: &str, tags: &[String]) -> Result<(), CardError> {
     if tags.len() > MAX_TAGS {
-        return Err(CardError::invalid(
-            field,
-            format!("more than {MAX_TAGS} tags"),
-        ));
+        return Err(CardError::invalid(field, format!("more than {MAX_TAGS} tags")));
     }
     for (i, tag) in tags.iter().enumerate() {
         if tag.is_empty() || tag.len() > MAX_TAG_LEN {
@@ -361,26 +314,19 @@ mod tests {
             r#"{"agent_id":"a","base_url":"http://x","reasoners":[{"id":"r","input_schema":{ "z": 1, "a" : 2 }}]}"#,
         )
         .unwrap();
-        assert_eq!(
-            c.reasoners[0].input_schema.as_ref().unwrap().get(),
-            r#"{"z":1,"a":2}"#
-        );
+        assert_eq!(c.reasoners[0].input_schema.as_ref().unwrap().get(), r#"{"z":1,"a":2}"#);
     }
 
     #[test]
     fn errors_name_the_field() {
-        let e = card(
-            r#"{"agent_id":"a","base_url":"http://x","reasoners":[{"id":"ok"},{"id":"bad id"}]}"#,
-        )
-        .unwrap_err();
-        assert_eq!(e.field(), Some("reasoners[1].id"));
-        let e = card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","tags":[1]}]}"#)
+        let e = card(r#"{"agent_id":"a","base_url":"http://x","reasoners":[{"id":"ok"},{"id":"bad id"}]}"#)
             .unwrap_err();
+        assert_eq!(e.field(), Some("reasoners[1].id"));
+        let e =
+            card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","tags":[1]}]}"#).unwrap_err();
         assert_eq!(e.field(), Some("skills[0].tags[0]"));
-        let e = card(
-            r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","input_schema":[1]}]}"#,
-        )
-        .unwrap_err();
+        let e = card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s","input_schema":[1]}]}"#)
+            .unwrap_err();
         assert_eq!(e.field(), Some("skills[0].input_schema"));
         let e = card(r#"{"agent_id":"","base_url":"http://x"}"#).unwrap_err();
         assert_eq!(e.field(), Some("agent_id"));
@@ -388,8 +334,8 @@ mod tests {
         assert_eq!(e.field(), Some("base_url"));
         let e = card(r#"{"agent_id":"a","base_url":"http://x","surprise":1}"#).unwrap_err();
         assert!(matches!(e, CardError::Malformed { .. }));
-        let e = card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s"},{"id":"s"}]}"#)
-            .unwrap_err();
+        let e =
+            card(r#"{"agent_id":"a","base_url":"http://x","skills":[{"id":"s"},{"id":"s"}]}"#).unwrap_err();
         assert_eq!(e.field(), Some("skills[1].id"));
     }
 

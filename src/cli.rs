@@ -10,11 +10,7 @@ use crate::config::{Config, ConfigError, LogFormat};
 use crate::defaults;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "agentmesh",
-    version,
-    about = "Decentralized discovery for AI agents"
-)]
+#[command(name = "agentmesh", version, about = "Decentralized discovery for AI agents")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -47,20 +43,10 @@ pub struct RunArgs {
     #[arg(long, env = "AGENTMESH_HTTP", value_name = "ADDR")]
     pub http: Option<SocketAddr>,
     /// libp2p listen multiaddr (repeatable; comma-separated in the variable).
-    #[arg(
-        long,
-        env = "AGENTMESH_LISTEN",
-        value_name = "MULTIADDR",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "AGENTMESH_LISTEN", value_name = "MULTIADDR", value_delimiter = ',')]
     pub listen: Vec<String>,
     /// Bootstrap peer multiaddr (repeatable; comma-separated in the variable).
-    #[arg(
-        long,
-        env = "AGENTMESH_BOOTSTRAP",
-        value_name = "MULTIADDR",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "AGENTMESH_BOOTSTRAP", value_name = "MULTIADDR", value_delimiter = ',')]
     pub bootstrap: Vec<String>,
     /// Turn mDNS discovery off.
     #[arg(long, env = "AGENTMESH_NO_MDNS")]
@@ -78,23 +64,13 @@ pub struct RunArgs {
     #[arg(long, env = "AGENTMESH_EVICT_AFTER", value_name = "DURATION", value_parser = duration)]
     pub evict_after: Option<Duration>,
     /// Card file (JSON) to register at start (repeatable; comma-separated in the variable).
-    #[arg(
-        long = "card",
-        env = "AGENTMESH_CARDS",
-        value_name = "PATH",
-        value_delimiter = ','
-    )]
+    #[arg(long = "card", env = "AGENTMESH_CARDS", value_name = "PATH", value_delimiter = ',')]
     pub cards: Vec<PathBuf>,
     /// Log format.
     #[arg(long, env = "AGENTMESH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Key that lets non-loopback clients write (prefer the variable: flags show in `ps`).
-    #[arg(
-        long,
-        env = "AGENTMESH_API_KEY",
-        value_name = "KEY",
-        hide_env_values = true
-    )]
+    #[arg(long, env = "AGENTMESH_API_KEY", value_name = "KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 }
 
@@ -168,40 +144,20 @@ mod tests {
         .unwrap();
         let file = file.to_str().unwrap();
 
-        let c = run_args(&["run", "--config", file])
-            .unwrap()
-            .resolve()
-            .unwrap();
+        let c = run_args(&["run", "--config", file]).unwrap().resolve().unwrap();
         assert_eq!(c.http.port(), 1111, "file beats default");
         assert_eq!(c.degraded_after, Duration::from_secs(9));
-        assert_eq!(
-            c.heartbeat_interval,
-            defaults::HEARTBEAT_INTERVAL,
-            "default kept"
-        );
+        assert_eq!(c.heartbeat_interval, defaults::HEARTBEAT_INTERVAL, "default kept");
 
         std::env::set_var("AGENTMESH_HTTP", "127.0.0.1:2222");
-        std::env::set_var(
-            "AGENTMESH_BOOTSTRAP",
-            "/ip4/127.0.0.1/tcp/1,/ip4/127.0.0.1/tcp/2",
-        );
-        let c = run_args(&["run", "--config", file])
+        std::env::set_var("AGENTMESH_BOOTSTRAP", "/ip4/127.0.0.1/tcp/1,/ip4/127.0.0.1/tcp/2");
+        let c = run_args(&["run", "--config", file]).unwrap().resolve().unwrap();
+        assert_eq!(c.http.port(), 2222, "env beats file");
+        assert_eq!(c.bootstrap.len(), 2);
+        let c = run_args(&["run", "--config", file, "--http", "127.0.0.1:3333", "--no-mdns"])
             .unwrap()
             .resolve()
             .unwrap();
-        assert_eq!(c.http.port(), 2222, "env beats file");
-        assert_eq!(c.bootstrap.len(), 2);
-        let c = run_args(&[
-            "run",
-            "--config",
-            file,
-            "--http",
-            "127.0.0.1:3333",
-            "--no-mdns",
-        ])
-        .unwrap()
-        .resolve()
-        .unwrap();
         assert_eq!(c.http.port(), 3333, "flag beats env");
         assert!(!c.mdns);
 
@@ -211,14 +167,9 @@ mod tests {
         std::env::remove_var("AGENTMESH_HTTP");
         std::env::remove_var("AGENTMESH_BOOTSTRAP");
 
-        let e = run_args(&["run", "--heartbeat-interval", "fast"])
-            .unwrap_err()
-            .to_string();
+        let e = run_args(&["run", "--heartbeat-interval", "fast"]).unwrap_err().to_string();
         assert!(e.contains("--heartbeat-interval"), "{e}");
-        let e = run_args(&["run", "--degraded-after", "1s"])
-            .unwrap()
-            .resolve()
-            .unwrap_err();
+        let e = run_args(&["run", "--degraded-after", "1s"]).unwrap().resolve().unwrap_err();
         assert!(e.to_string().contains("degraded_after"), "{e}");
     }
 }

@@ -18,17 +18,11 @@ use crate::registry::health::Thresholds;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid setting `{setting}`: {reason}")]
-    Invalid {
-        setting: &'static str,
-        reason: String,
-    },
+    Invalid { setting: &'static str, reason: String },
 }
 
 /// Log output format.
@@ -78,9 +72,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from(defaults::DATA_DIR),
-            http: defaults::HTTP_ADDR
-                .parse()
-                .expect("default HTTP address is valid"),
+            http: defaults::HTTP_ADDR.parse().expect("default HTTP address is valid"),
             listen: vec![defaults::LISTEN_ADDR.to_owned()],
             bootstrap: Vec::new(),
             mdns: defaults::MDNS,
@@ -117,14 +109,9 @@ impl fmt::Debug for Config {
 impl Config {
     /// Reads a TOML file over the defaults.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
-            path: path.to_owned(),
-            message,
-        })
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse { path: path.to_owned(), message })
     }
 
     pub fn from_toml(text: &str) -> Result<Self, String> {
@@ -132,10 +119,7 @@ impl Config {
     }
 
     pub fn thresholds(&self) -> Thresholds {
-        Thresholds {
-            degraded_after: self.degraded_after,
-            inactive_after: self.inactive_after,
-        }
+        Thresholds { degraded_after: self.degraded_after, inactive_after: self.inactive_after }
     }
 
     /// Checks every value; the first bad one is named.
@@ -209,8 +193,7 @@ mod tests {
 
     #[test]
     fn file_overrides_some_keys_and_keeps_the_rest() {
-        let c =
-            Config::from_toml("http = \"127.0.0.1:9999\"\nheartbeat_interval = \"1s\"\n").unwrap();
+        let c = Config::from_toml("http = \"127.0.0.1:9999\"\nheartbeat_interval = \"1s\"\n").unwrap();
         assert_eq!(c.http.port(), 9999);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
         assert_eq!(c.degraded_after, defaults::DEGRADED_AFTER);
@@ -234,35 +217,17 @@ mod tests {
                 other => panic!("{other}"),
             }
         };
-        assert_eq!(
-            bad(|c| c.bootstrap = vec!["not-an-addr".into()]),
-            "bootstrap"
-        );
-        assert_eq!(
-            bad(|c| c.heartbeat_interval = Duration::ZERO),
-            "heartbeat_interval"
-        );
-        assert_eq!(
-            bad(|c| c.degraded_after = Duration::from_secs(1)),
-            "degraded_after"
-        );
-        assert_eq!(
-            bad(|c| c.inactive_after = Duration::from_secs(7)),
-            "inactive_after"
-        );
-        assert_eq!(
-            bad(|c| c.evict_after = Duration::from_secs(1)),
-            "evict_after"
-        );
+        assert_eq!(bad(|c| c.bootstrap = vec!["not-an-addr".into()]), "bootstrap");
+        assert_eq!(bad(|c| c.heartbeat_interval = Duration::ZERO), "heartbeat_interval");
+        assert_eq!(bad(|c| c.degraded_after = Duration::from_secs(1)), "degraded_after");
+        assert_eq!(bad(|c| c.inactive_after = Duration::from_secs(7)), "inactive_after");
+        assert_eq!(bad(|c| c.evict_after = Duration::from_secs(1)), "evict_after");
         assert_eq!(bad(|c| c.api_key = Some("short".into())), "api_key");
     }
 
     #[test]
     fn debug_hides_the_api_key() {
-        let c = Config {
-            api_key: Some("super-secret-key-123".into()),
-            ..Config::default()
-        };
+        let c = Config { api_key: Some("super-secret-key-123".into()), ..Config::default() };
         assert!(!format!("{c:?}").contains("super-secret"));
     }
 

@@ -12,21 +12,14 @@ use crate::defaults::IDENTITY_FILE;
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error("cannot create data directory {path}: {source}")]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    CreateDir { path: PathBuf, source: std::io::Error },
     #[error("cannot read identity key {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("cannot write identity key {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("identity key {path} is not a valid key file: {reason} (move it aside to create a new identity)")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error(
+        "identity key {path} is not a valid key file: {reason} (move it aside to create a new identity)"
+    )]
     Corrupt { path: PathBuf, reason: String },
 }
 
@@ -39,34 +32,22 @@ pub struct Identity {
 
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Identity")
-            .field("peer_id", &self.peer_id)
-            .field("keypair", &"<redacted>")
-            .finish()
+        f.debug_struct("Identity").field("peer_id", &self.peer_id).field("keypair", &"<redacted>").finish()
     }
 }
 
 impl Identity {
     /// Loads `<data_dir>/identity.key`, or creates it (and the directory) on first start.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, IdentityError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| IdentityError::CreateDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|source| IdentityError::CreateDir { path: data_dir.to_owned(), source })?;
         let path = data_dir.join(IDENTITY_FILE);
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let keypair = Keypair::from_protobuf_encoding(&bytes).map_err(|e| {
-                    IdentityError::Corrupt {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    }
-                })?;
+                let keypair = Keypair::from_protobuf_encoding(&bytes)
+                    .map_err(|e| IdentityError::Corrupt { path: path.clone(), reason: e.to_string() })?;
                 if keypair.clone().try_into_ed25519().is_err() {
-                    return Err(IdentityError::Corrupt {
-                        path,
-                        reason: "not an Ed25519 key".into(),
-                    });
+                    return Err(IdentityError::Corrupt { path, reason: "not an Ed25519 key".into() });
                 }
                 warn_if_readable_by_others(&path);
                 Ok(Self::from_keypair(keypair))
@@ -103,13 +84,8 @@ impl Identity {
 /// Writes the key to a temporary file created with mode 0600, syncs it, then renames it into place,
 /// so a crash never leaves a half-written key and the secret is never readable by others.
 fn write_private(path: &Path, keypair: &Keypair) -> Result<(), IdentityError> {
-    let err = |source| IdentityError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    let bytes = keypair
-        .to_protobuf_encoding()
-        .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    let err = |source| IdentityError::Write { path: path.to_owned(), source };
+    let bytes = keypair.to_protobuf_encoding().map_err(|e| err(std::io::Error::other(e.to_string())))?;
     let tmp = path.with_extension("tmp");
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -151,10 +127,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join(IDENTITY_FILE))
-                .unwrap()
-                .permissions()
-                .mode();
+            let mode = std::fs::metadata(dir.path().join(IDENTITY_FILE)).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
         assert!(!format!("{first:?}").contains("Keypair {"));

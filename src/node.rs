@@ -26,17 +26,11 @@ pub enum NodeError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("cannot read card file {path}: {source}")]
-    CardRead {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    CardRead { path: PathBuf, source: std::io::Error },
     #[error("invalid card file {path}: {source}")]
     CardInvalid { path: PathBuf, source: CardError },
     #[error("cannot listen for HTTP on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -67,31 +61,19 @@ impl Node {
         for path in &config.cards {
             let bytes = tokio::fs::read(path)
                 .await
-                .map_err(|source| NodeError::CardRead {
-                    path: path.clone(),
-                    source,
-                })?;
-            let card = AgentCard::from_json(&bytes).map_err(|source| NodeError::CardInvalid {
-                path: path.clone(),
-                source,
-            })?;
+                .map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
+            let card = AgentCard::from_json(&bytes)
+                .map_err(|source| NodeError::CardInvalid { path: path.clone(), source })?;
             let agent_id = card.agent_id.clone();
-            let applied = registry
-                .register_local(card, Liveness::Node, now_millis())
-                .await?;
+            let applied = registry.register_local(card, Liveness::Node, now_millis()).await?;
             tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
         }
 
         let listener = tokio::net::TcpListener::bind(config.http)
             .await
-            .map_err(|source| NodeError::Bind {
-                addr: config.http,
-                source,
-            })?;
-        let http_addr = listener.local_addr().map_err(|source| NodeError::Bind {
-            addr: config.http,
-            source,
-        })?;
+            .map_err(|source| NodeError::Bind { addr: config.http, source })?;
+        let http_addr =
+            listener.local_addr().map_err(|source| NodeError::Bind { addr: config.http, source })?;
         if !http_addr.ip().is_loopback() && config.api_key.is_none() {
             tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
         }
@@ -99,22 +81,13 @@ impl Node {
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
         let http = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-            .map_err(NodeError::Serve)
+            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+                .map_err(NodeError::Serve)
         });
         tracing::info!(%http_addr, %peer_id, "node started");
-        Ok(Self {
-            peer_id,
-            http_addr,
-            registry,
-            cancel,
-            http,
-        })
+        Ok(Self { peer_id, http_addr, registry, cancel, http })
     }
 
     pub fn peer_id(&self) -> PeerId {

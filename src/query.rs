@@ -36,10 +36,7 @@ pub struct Pattern {
 
 impl Pattern {
     pub fn new(pattern: &str) -> Self {
-        Self {
-            parts: pattern.split('*').map(str::to_owned).collect(),
-            wildcard: pattern.contains('*'),
-        }
+        Self { parts: pattern.split('*').map(str::to_owned).collect(), wildcard: pattern.contains('*') }
     }
 
     /// True when the pattern matches every string (`*`, `**`, or empty).
@@ -51,16 +48,9 @@ impl Pattern {
         if !self.wildcard {
             return self.parts[0].is_empty() || self.parts[0] == s;
         }
-        let (first, rest) = self
-            .parts
-            .split_first()
-            .expect("split yields at least one part");
-        let (last, middle) = rest
-            .split_last()
-            .expect("a wildcard pattern has at least two parts");
-        if s.len() < first.len() + last.len()
-            || !s.starts_with(first.as_str())
-            || !s.ends_with(last.as_str())
+        let (first, rest) = self.parts.split_first().expect("split yields at least one part");
+        let (last, middle) = rest.split_last().expect("a wildcard pattern has at least two parts");
+        if s.len() < first.len() + last.len() || !s.starts_with(first.as_str()) || !s.ends_with(last.as_str())
         {
             return false;
         }
@@ -129,17 +119,10 @@ impl Query {
                 params.push((k.into_owned(), v.into_owned()));
             }
         }
-        let get = |name: &str| {
-            params
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         let mut q = Query::default();
 
-        let single = get("agent")
-            .filter(|v| !v.trim().is_empty())
-            .or_else(|| get("node_id"));
+        let single = get("agent").filter(|v| !v.trim().is_empty()).or_else(|| get("node_id"));
         let lists = [single, get("agent_ids"), get("node_ids")];
         for list in lists.into_iter().flatten() {
             for id in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -153,17 +136,11 @@ impl Query {
                 q.ids.insert(id.to_owned());
             }
         }
-        q.reasoner = get("reasoner")
-            .map(Pattern::new)
-            .filter(|p| !p.matches_all());
+        q.reasoner = get("reasoner").map(Pattern::new).filter(|p| !p.matches_all());
         q.skill = get("skill").map(Pattern::new).filter(|p| !p.matches_all());
         if let Some(tags) = get("tags") {
-            let patterns: Vec<Pattern> = tags
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(Pattern::new)
-                .collect();
+            let patterns: Vec<Pattern> =
+                tags.split(',').map(str::trim).filter(|s| !s.is_empty()).map(Pattern::new).collect();
             if patterns.len() > MAX_QUERY_TAGS {
                 return Err(ParamError {
                     parameter: "tags",
@@ -176,12 +153,9 @@ impl Query {
                 q.tags = patterns;
             }
         }
-        q.include_input_schema =
-            parse_bool("include_input_schema", get("include_input_schema"), false)?;
-        q.include_output_schema =
-            parse_bool("include_output_schema", get("include_output_schema"), false)?;
-        q.include_descriptions =
-            parse_bool("include_descriptions", get("include_descriptions"), true)?;
+        q.include_input_schema = parse_bool("include_input_schema", get("include_input_schema"), false)?;
+        q.include_output_schema = parse_bool("include_output_schema", get("include_output_schema"), false)?;
+        q.include_descriptions = parse_bool("include_descriptions", get("include_descriptions"), true)?;
         q.include_examples = parse_bool("include_examples", get("include_examples"), false)?;
         if let Some(v) = get("format") {
             q.format = match v.to_ascii_lowercase().as_str() {
@@ -225,11 +199,7 @@ fn parse_bool(name: &'static str, value: Option<&str>, default: bool) -> Result<
         "" => Ok(default),
         "true" | "1" | "yes" | "y" => Ok(true),
         "false" | "0" | "no" | "n" => Ok(false),
-        _ => Err(ParamError {
-            parameter: name,
-            provided: v.to_owned(),
-            allowed: BOOL_ALLOWED,
-        }),
+        _ => Err(ParamError { parameter: name, provided: v.to_owned(), allowed: BOOL_ALLOWED }),
     }
 }
 
@@ -240,11 +210,7 @@ pub(crate) fn parse_int(
     max: usize,
     allowed: &'static [&'static str],
 ) -> Result<usize, ParamError> {
-    let err = || ParamError {
-        parameter: name,
-        provided: v.to_owned(),
-        allowed,
-    };
+    let err = || ParamError { parameter: name, provided: v.to_owned(), allowed };
     if v.is_empty() || v.len() > 12 || !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(err());
     }
@@ -302,8 +268,7 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         let reasoners: Vec<usize> = (0..card.reasoners.len())
             .filter(|&i| {
                 let r = &card.reasoners[i];
-                query.reasoner.as_ref().is_none_or(|p| p.matches(&r.id))
-                    && query.tags_match(&r.tags)
+                query.reasoner.as_ref().is_none_or(|p| p.matches(&r.id)) && query.tags_match(&r.tags)
             })
             .collect();
         let skills: Vec<usize> = (0..card.skills.len())

@@ -112,21 +112,8 @@ pub struct Entry {
 
 impl Entry {
     /// A fresh entry with no heartbeat yet (tests and tooling; the registry builds its own).
-    pub fn new(
-        key: RecordKey,
-        seq: u64,
-        card: AgentCard,
-        origin: Origin,
-        updated_at: Millis,
-    ) -> Self {
-        Self {
-            key,
-            seq,
-            card,
-            origin,
-            updated_at,
-            live: Arc::new(Live::default()),
-        }
+    pub fn new(key: RecordKey, seq: u64, card: AgentCard, origin: Origin, updated_at: Millis) -> Self {
+        Self { key, seq, card, origin, updated_at, live: Arc::new(Live::default()) }
     }
 
     /// Records a sign of life (tests and tooling; the registry goes through `heartbeat_local`).
@@ -179,13 +166,9 @@ pub struct Snapshot {
 impl Snapshot {
     /// Every entry with this agent id (one per publisher), local first.
     pub fn by_agent_id(&self, agent_id: &str) -> Vec<&Arc<Entry>> {
-        let start = self
-            .entries
-            .partition_point(|e| e.key.agent_id.as_str() < agent_id);
-        let mut found: Vec<_> = self.entries[start..]
-            .iter()
-            .take_while(|e| e.key.agent_id == agent_id)
-            .collect();
+        let start = self.entries.partition_point(|e| e.key.agent_id.as_str() < agent_id);
+        let mut found: Vec<_> =
+            self.entries[start..].iter().take_while(|e| e.key.agent_id == agent_id).collect();
         found.sort_by_key(|e| !e.is_local());
         found
     }
@@ -196,17 +179,8 @@ impl Snapshot {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Update {
-    Upsert {
-        publisher: PeerId,
-        seq: u64,
-        card: AgentCard,
-        origin: Origin,
-    },
-    Remove {
-        publisher: PeerId,
-        agent_id: String,
-        seq: u64,
-    },
+    Upsert { publisher: PeerId, seq: u64, card: AgentCard, origin: Origin },
+    Remove { publisher: PeerId, agent_id: String, seq: u64 },
 }
 
 /// What [`Registry::apply`] did.
@@ -224,6 +198,10 @@ pub enum Applied {
     /// Not newer than what is held (or nothing to remove): nothing changed.
     Stale {
         held: Option<u64>,
+    },
+    /// A local registration identical to what is held: nothing written, seq kept.
+    Unchanged {
+        seq: u64,
     },
 }
 
@@ -260,17 +238,10 @@ pub struct OpenReport {
 impl Registry {
     /// Opens the store under `dir`, re-validates every row and builds the first snapshot. Rows whose card
     /// no longer validates are skipped and counted, never served.
-    pub fn open(
-        dir: &Path,
-        me: PeerId,
-        thresholds: Thresholds,
-    ) -> Result<(Self, OpenReport), RegistryError> {
+    pub fn open(dir: &Path, me: PeerId, thresholds: Thresholds) -> Result<(Self, OpenReport), RegistryError> {
         let store = Store::open(dir)?;
         let loaded = store.load()?;
-        let mut report = OpenReport {
-            unreadable: loaded.unreadable,
-            ..OpenReport::default()
-        };
+        let mut report = OpenReport { unreadable: loaded.unreadable, ..OpenReport::default() };
         let mut map = BTreeMap::new();
         for row in loaded.rows {
             match entry_from_row(&row) {
@@ -288,10 +259,7 @@ impl Registry {
                 }
             }
         }
-        let snapshot = Snapshot {
-            generation: 1,
-            entries: map.values().cloned().collect(),
-        };
+        let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
         let registry = Self {
             me,
             store,
@@ -329,18 +297,21 @@ impl Registry {
         now: Millis,
     ) -> Result<Applied, RegistryError> {
         let mut map = self.writer.lock().await;
-        let key = RecordKey {
-            agent_id: card.agent_id.clone(),
-            publisher: self.me,
+        let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
+        let origin = Origin::Local(liveness);
+        let held = map.get(&key);
+        // Re-registering the same card (an agent restarting, card files at every start) writes nothing,
+        // so it neither wears the disk nor sends a new version around the mesh.
+        let applied = match held {
+            Some(e) if e.origin == origin && e.card.to_json() == card.to_json() => {
+                Applied::Unchanged { seq: e.seq }
+            }
+            _ => {
+                let seq = next_local_seq(held.map(|e| e.seq), now);
+                let update = Update::Upsert { publisher: self.me, seq, card, origin };
+                self.apply_locked(&mut map, update, now).await?
+            }
         };
-        let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
-        let update = Update::Upsert {
-            publisher: self.me,
-            seq,
-            card,
-            origin: Origin::Local(liveness),
-        };
-        let applied = self.apply_locked(&mut map, update, now).await?;
         if liveness == Liveness::Agent {
             // Registering is the agent's first sign of life.
             if let Some(entry) = map.get(&key) {
@@ -351,16 +322,9 @@ impl Registry {
     }
 
     /// Removes a local agent. Durable when it returns.
-    pub async fn deregister_local(
-        &self,
-        agent_id: &str,
-        now: Millis,
-    ) -> Result<Applied, RegistryError> {
+    pub async fn deregister_local(&self, agent_id: &str, now: Millis) -> Result<Applied, RegistryError> {
         let mut map = self.writer.lock().await;
-        let key = RecordKey {
-            agent_id: agent_id.to_owned(),
-            publisher: self.me,
-        };
+        let key = RecordKey { agent_id: agent_id.to_owned(), publisher: self.me };
         let Some(held) = map.get(&key).map(|e| e.seq) else {
             return Err(RegistryError::NotFound(agent_id.to_owned()));
         };
@@ -385,21 +349,11 @@ impl Registry {
         now: Millis,
     ) -> Result<Applied, RegistryError> {
         let applied = match update {
-            Update::Upsert {
-                publisher,
-                seq,
-                card,
-                origin,
-            } => {
-                let key = RecordKey {
-                    agent_id: card.agent_id.clone(),
-                    publisher,
-                };
+            Update::Upsert { publisher, seq, card, origin } => {
+                let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
                 let held = map.get(&key);
                 if !accepts(held.map(|e| e.seq), seq) {
-                    return Ok(Applied::Stale {
-                        held: held.map(|e| e.seq),
-                    });
+                    return Ok(Applied::Stale { held: held.map(|e| e.seq) });
                 }
                 let created = held.is_none();
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
@@ -412,39 +366,20 @@ impl Registry {
                     String::from_utf8(card.to_json()).unwrap_or_default(),
                 );
                 self.store.put(&row).await?;
-                map.insert(
-                    key.clone(),
-                    Arc::new(Entry {
-                        key,
-                        seq,
-                        card,
-                        origin,
-                        updated_at: now,
-                        live,
-                    }),
-                );
+                map.insert(key.clone(), Arc::new(Entry { key, seq, card, origin, updated_at: now, live }));
                 if created {
                     Applied::Created { seq }
                 } else {
                     Applied::Updated { seq }
                 }
             }
-            Update::Remove {
-                publisher,
-                agent_id,
-                seq,
-            } => {
-                let key = RecordKey {
-                    agent_id,
-                    publisher,
-                };
+            Update::Remove { publisher, agent_id, seq } => {
+                let key = RecordKey { agent_id, publisher };
                 let held = map.get(&key).map(|e| e.seq);
                 if held.is_none() || !accepts(held, seq) {
                     return Ok(Applied::Stale { held });
                 }
-                self.store
-                    .remove(&key.agent_id, &publisher.to_bytes())
-                    .await?;
+                self.store.remove(&key.agent_id, &publisher.to_bytes()).await?;
                 map.remove(&key);
                 Applied::Removed { seq }
             }
@@ -455,10 +390,7 @@ impl Registry {
 
     fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
         let generation = self.snapshot.load().generation + 1;
-        self.snapshot.store(Arc::new(Snapshot {
-            generation,
-            entries: map.values().cloned().collect(),
-        }));
+        self.snapshot.store(Arc::new(Snapshot { generation, entries: map.values().cloned().collect() }));
     }
 
     /// Records a heartbeat from a local agent. Returns its health after the heartbeat.
@@ -476,9 +408,7 @@ impl Registry {
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(agent_id.to_owned()))?;
         let before = entry.health(now, &self.thresholds);
-        entry
-            .live
-            .beat(now, reported.unwrap_or_else(|| entry.reported()));
+        entry.live.beat(now, reported.unwrap_or_else(|| entry.reported()));
         let after = entry.health(now, &self.thresholds);
         if before != after {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
@@ -498,10 +428,7 @@ impl Registry {
         let mut rows = Vec::with_capacity(cards.len());
         let mut entries = Vec::with_capacity(cards.len());
         for card in cards {
-            let key = RecordKey {
-                agent_id: card.agent_id.clone(),
-                publisher: self.me,
-            };
+            let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
             rows.push(Row::new(
                 self.me.to_bytes(),
@@ -515,14 +442,7 @@ impl Registry {
             if liveness == Liveness::Agent {
                 live.beat(now, Reported::Ready);
             }
-            entries.push(Entry {
-                key,
-                seq,
-                card,
-                origin,
-                updated_at: now,
-                live,
-            });
+            entries.push(Entry { key, seq, card, origin, updated_at: now, live });
         }
         self.store.put_many(&rows).await?;
         let count = entries.len();
@@ -547,10 +467,7 @@ fn entry_from_row(row: &Row) -> Option<Entry> {
         return None;
     }
     Some(Entry {
-        key: RecordKey {
-            agent_id: row.agent_id.clone(),
-            publisher,
-        },
+        key: RecordKey { agent_id: row.agent_id.clone(), publisher },
         seq: row.seq,
         card,
         origin,

@@ -67,12 +67,7 @@ impl SdkCapability {
             tags: self.tags.unwrap_or_default(),
             input_schema: schema(self.input_schema),
             output_schema: schema(self.output_schema),
-            examples: self
-                .examples
-                .unwrap_or_default()
-                .iter()
-                .map(to_raw)
-                .collect(),
+            examples: self.examples.unwrap_or_default().iter().map(to_raw).collect(),
         }
     }
 }
@@ -80,34 +75,18 @@ impl SdkCapability {
 impl Registration {
     fn into_card(self) -> Result<AgentCard, ApiError> {
         let custom = self.metadata.as_ref().and_then(|m| m.get("custom"));
-        let text = |key: &str| {
-            custom
-                .and_then(|c| c.get(key))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        };
+        let text = |key: &str| custom.and_then(|c| c.get(key)).and_then(Value::as_str).map(str::to_owned);
         let tags = self.tags.unwrap_or_else(|| {
             custom
                 .and_then(|c| c.get("tags"))
                 .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
+                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
                 .unwrap_or_default()
         });
         let card = AgentCard {
             name: text("name").unwrap_or_default(),
-            description: self
-                .description
-                .or_else(|| text("description"))
-                .unwrap_or_default(),
-            version: self
-                .version
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "0.0.0".to_owned()),
+            description: self.description.or_else(|| text("description")).unwrap_or_default(),
+            version: self.version.filter(|v| !v.is_empty()).unwrap_or_else(|| "0.0.0".to_owned()),
             base_url: self.base_url,
             deployment_type: self
                 .deployment_type
@@ -120,12 +99,7 @@ impl Registration {
                 .into_iter()
                 .map(SdkCapability::into_capability)
                 .collect(),
-            skills: self
-                .skills
-                .unwrap_or_default()
-                .into_iter()
-                .map(SdkCapability::into_capability)
-                .collect(),
+            skills: self.skills.unwrap_or_default().into_iter().map(SdkCapability::into_capability).collect(),
             input_modes: vec!["application/json".to_owned()],
             output_modes: vec!["application/json".to_owned()],
             agent_id: self.id,
@@ -134,17 +108,11 @@ impl Registration {
     }
 }
 
-pub async fn register(
-    State(app): State<AppState>,
-    RawBody(body): RawBody,
-) -> Result<Response, ApiError> {
+pub async fn register(State(app): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let registration: Registration = parse_json(&body)?;
     let card = registration.into_card()?;
     let agent_id = card.agent_id.clone();
-    let applied = app
-        .registry
-        .register_local(card, Liveness::Agent, now_millis())
-        .await?;
+    let applied = app.registry.register_local(card, Liveness::Agent, now_millis()).await?;
     Ok(registered(&app, &agent_id, applied))
 }
 
@@ -172,16 +140,10 @@ impl StatusReport {
         .find_map(|(k, v)| v.filter(|v| !v.is_empty()).map(|v| (k, v)));
         match given {
             None => Ok(None),
-            Some((key, value)) => {
-                Reported::parse(&value)
-                    .map(Some)
-                    .ok_or_else(|| ApiError::InvalidBody {
-                        message: format!(
-                        "unknown {key} `{value}` (expected starting, ready, degraded or offline)"
-                    ),
-                        field: Some(key.to_owned()),
-                    })
-            }
+            Some((key, value)) => Reported::parse(&value).map(Some).ok_or_else(|| ApiError::InvalidBody {
+                message: format!("unknown {key} `{value}` (expected starting, ready, degraded or offline)"),
+                field: Some(key.to_owned()),
+            }),
         }
     }
 }
@@ -193,10 +155,7 @@ pub async fn heartbeat(
 ) -> Result<Response, ApiError> {
     let reported = StatusReport::parse(&body)?;
     let health = app.registry.heartbeat_local(&id, reported, now_millis())?;
-    Ok(
-        Json(json!({"success": true, "node_id": id, "health_status": health.as_str()}))
-            .into_response(),
-    )
+    Ok(Json(json!({"success": true, "node_id": id, "health_status": health.as_str()})).into_response())
 }
 
 pub async fn update_health(
@@ -256,26 +215,17 @@ fn node_json(e: &Entry, app: &AppState, now: u64) -> Value {
 fn node(app: &AppState, id: &str) -> Result<Response, ApiError> {
     let snapshot = app.registry.snapshot();
     let found = snapshot.by_agent_id(id);
-    let entry = found
-        .first()
-        .ok_or_else(|| ApiError::NotFound(format!("node `{id}`")))?;
+    let entry = found.first().ok_or_else(|| ApiError::NotFound(format!("node `{id}`")))?;
     Ok(Json(node_json(entry, app, now_millis())).into_response())
 }
 
 pub async fn list_nodes(State(app): State<AppState>) -> Json<Value> {
     let now = now_millis();
     let snapshot = app.registry.snapshot();
-    let nodes: Vec<Value> = snapshot
-        .entries
-        .iter()
-        .map(|e| node_json(e, &app, now))
-        .collect();
+    let nodes: Vec<Value> = snapshot.entries.iter().map(|e| node_json(e, &app, now)).collect();
     Json(json!({"nodes": nodes, "count": nodes.len()}))
 }
 
-pub async fn get_node(
-    State(app): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+pub async fn get_node(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     node(&app, &id)
 }

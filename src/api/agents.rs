@@ -48,15 +48,12 @@ pub fn record_view<'a>(e: &'a Entry, app: &AppState, now: u64) -> RecordView<'a>
 pub fn registered(app: &AppState, agent_id: &str, applied: Applied) -> Response {
     let (status, seq) = match applied {
         Applied::Created { seq } => (StatusCode::CREATED, seq),
-        Applied::Updated { seq } | Applied::Removed { seq } => (StatusCode::OK, seq),
+        Applied::Updated { seq } | Applied::Removed { seq } | Applied::Unchanged { seq } => {
+            (StatusCode::OK, seq)
+        }
         Applied::Stale { held } => (StatusCode::OK, held.unwrap_or_default()),
     };
-    tracing::info!(
-        agent_id,
-        seq,
-        created = status == StatusCode::CREATED,
-        "local agent registered"
-    );
+    tracing::info!(agent_id, seq, created = status == StatusCode::CREATED, "local agent registered");
     let body = json!({
         "success": true,
         "message": "agent registered",
@@ -68,23 +65,14 @@ pub fn registered(app: &AppState, agent_id: &str, applied: Applied) -> Response 
     (status, Json(body)).into_response()
 }
 
-pub async fn register(
-    State(app): State<AppState>,
-    RawBody(body): RawBody,
-) -> Result<Response, ApiError> {
+pub async fn register(State(app): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let card = AgentCard::from_json(&body)?;
     let agent_id = card.agent_id.clone();
-    let applied = app
-        .registry
-        .register_local(card, Liveness::Node, now_millis())
-        .await?;
+    let applied = app.registry.register_local(card, Liveness::Node, now_millis()).await?;
     Ok(registered(&app, &agent_id, applied))
 }
 
-pub async fn list(
-    State(app): State<AppState>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
+pub async fn list(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let mut limit = LIST_LIMIT;
     let mut offset = 0;
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
@@ -96,13 +84,8 @@ pub async fn list(
     }
     let now = now_millis();
     let snapshot = app.registry.snapshot();
-    let agents: Vec<_> = snapshot
-        .entries
-        .iter()
-        .skip(offset)
-        .take(limit)
-        .map(|e| record_view(e, &app, now))
-        .collect();
+    let agents: Vec<_> =
+        snapshot.entries.iter().skip(offset).take(limit).map(|e| record_view(e, &app, now)).collect();
     let body = json!({
         "agents": agents,
         "total": snapshot.entries.len(),
@@ -112,22 +95,14 @@ pub async fn list(
     Ok(Json(body).into_response())
 }
 
-pub async fn get(
-    State(app): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+pub async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let snapshot = app.registry.snapshot();
     let found = snapshot.by_agent_id(&id);
-    let entry = found
-        .first()
-        .ok_or_else(|| ApiError::NotFound(format!("agent `{id}`")))?;
+    let entry = found.first().ok_or_else(|| ApiError::NotFound(format!("agent `{id}`")))?;
     Ok(Json(record_view(entry, &app, now_millis())).into_response())
 }
 
-pub async fn remove(
-    State(app): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+pub async fn remove(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     deregister(&app, &id).await
 }
 

@@ -18,9 +18,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
         match Bytes::from_request(req, state).await {
             Ok(bytes) => Ok(RawBody(bytes)),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::PayloadTooLarge {
-                    limit: MAX_BODY_BYTES,
-                })
+                Err(ApiError::PayloadTooLarge { limit: MAX_BODY_BYTES })
             }
             Err(rejection) => Err(ApiError::invalid_body(rejection.body_text())),
         }
@@ -29,18 +27,14 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 
 /// Parses JSON, naming the field at fault. An empty body parses as `null`, which optional bodies accept.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"null"
-    } else {
-        bytes
-    };
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"null" } else { bytes };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
+        let field = match e.path().to_string() {
+            p if p == "?" || p == "." => "body".to_owned(),
+            p => p,
+        };
         let message = format!("malformed JSON at `{field}`: {}", e.inner());
-        ApiError::InvalidBody {
-            message,
-            field: Some(field),
-        }
+        ApiError::InvalidBody { message, field: Some(field) }
     })
 }

@@ -67,9 +67,7 @@ impl ResponseCache {
             state.entries.clear();
         }
         if state.entries.len() >= CACHE_ENTRIES {
-            let now = value
-                .expires
-                .saturating_sub(CACHE_MAX_AGE.as_millis() as u64);
+            let now = value.expires.saturating_sub(CACHE_MAX_AGE.as_millis() as u64);
             state.entries.retain(|_, c| c.expires > now);
             if state.entries.len() >= CACHE_ENTRIES {
                 state.entries.clear();
@@ -100,11 +98,7 @@ pub async fn capabilities(
     };
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = sel.valid_until.map_or(max_age, |t| t.min(max_age));
-    let cached = Cached {
-        body: Bytes::from(body),
-        format: query.format,
-        expires,
-    };
+    let cached = Cached { body: Bytes::from(body), format: query.format, expires };
     app.cache.put(raw, tag, cached.clone());
     Ok(respond(cached, "miss"))
 }

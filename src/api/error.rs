@@ -14,10 +14,7 @@ pub enum ApiError {
     #[error(transparent)]
     InvalidParameter(#[from] ParamError),
     #[error("{message}")]
-    InvalidBody {
-        message: String,
-        field: Option<String>,
-    },
+    InvalidBody { message: String, field: Option<String> },
     #[error("request body is over the {limit} byte limit")]
     PayloadTooLarge { limit: usize },
     #[error("{0} not found")]
@@ -34,10 +31,7 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn invalid_body(message: impl Into<String>) -> Self {
-        Self::InvalidBody {
-            message: message.into(),
-            field: None,
-        }
+        Self::InvalidBody { message: message.into(), field: None }
     }
 
     /// Logs the cause under a fresh request id and hides it from the client.
@@ -51,14 +45,8 @@ impl ApiError {
 impl From<CardError> for ApiError {
     fn from(e: CardError) -> Self {
         match e {
-            CardError::TooLarge { .. } => Self::InvalidBody {
-                message: e.to_string(),
-                field: None,
-            },
-            _ => Self::InvalidBody {
-                field: e.field().map(str::to_owned),
-                message: e.to_string(),
-            },
+            CardError::TooLarge { .. } => Self::InvalidBody { message: e.to_string(), field: None },
+            _ => Self::InvalidBody { field: e.field().map(str::to_owned), message: e.to_string() },
         }
     }
 }
@@ -92,22 +80,18 @@ impl IntoResponse for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 json!({"error": "payload_too_large", "message": message, "details": {"limit_bytes": limit}}),
             ),
-            ApiError::NotFound(_) => (
-                StatusCode::NOT_FOUND,
-                json!({"error": "not_found", "message": message}),
-            ),
-            ApiError::Forbidden(_) => (
-                StatusCode::FORBIDDEN,
-                json!({"error": "forbidden", "message": message}),
-            ),
-            ApiError::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                json!({"error": "unauthorized", "message": message}),
-            ),
-            ApiError::NotImplemented => (
-                StatusCode::NOT_IMPLEMENTED,
-                json!({"error": "not_implemented", "message": message}),
-            ),
+            ApiError::NotFound(_) => {
+                (StatusCode::NOT_FOUND, json!({"error": "not_found", "message": message}))
+            }
+            ApiError::Forbidden(_) => {
+                (StatusCode::FORBIDDEN, json!({"error": "forbidden", "message": message}))
+            }
+            ApiError::Unauthorized => {
+                (StatusCode::UNAUTHORIZED, json!({"error": "unauthorized", "message": message}))
+            }
+            ApiError::NotImplemented => {
+                (StatusCode::NOT_IMPLEMENTED, json!({"error": "not_implemented", "message": message}))
+            }
             ApiError::Internal { request_id } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": "internal_error", "message": message, "request_id": request_id}),

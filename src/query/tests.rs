@@ -21,11 +21,7 @@ fn defaults() {
 fn ids_merge_from_every_alias() {
     let q = Query::parse("agent=a&node_id=b&agent_ids=c%2C%20d,,c&node_ids=e").unwrap();
     let ids: Vec<_> = q.ids.iter().map(String::as_str).collect();
-    assert_eq!(
-        ids,
-        ["a", "c", "d", "e"],
-        "agent wins over node_id; lists merged, trimmed, deduplicated"
-    );
+    assert_eq!(ids, ["a", "c", "d", "e"], "agent wins over node_id; lists merged, trimmed, deduplicated");
     let q = Query::parse("node_id=b").unwrap();
     assert!(q.ids.contains("b"));
 }
@@ -46,12 +42,7 @@ fn booleans_accept_every_spelling() {
         let q = Query::parse(&format!("include_input_schema={v}")).unwrap();
         assert_eq!(q.include_input_schema, want, "{v}");
     }
-    assert!(
-        Query::parse("include_descriptions=")
-            .unwrap()
-            .include_descriptions,
-        "empty means default"
-    );
+    assert!(Query::parse("include_descriptions=").unwrap().include_descriptions, "empty means default");
 }
 
 #[test]
@@ -63,36 +54,11 @@ fn each_bad_value_names_its_parameter() {
             "maybe",
             vec!["true", "false"],
         ),
-        (
-            "include_output_schema=2",
-            "invalid include_output_schema parameter",
-            "2",
-            vec!["true", "false"],
-        ),
-        (
-            "include_descriptions=on",
-            "invalid include_descriptions parameter",
-            "on",
-            vec!["true", "false"],
-        ),
-        (
-            "include_examples=tru",
-            "invalid include_examples parameter",
-            "tru",
-            vec!["true", "false"],
-        ),
-        (
-            "format=yaml",
-            "invalid format parameter",
-            "yaml",
-            vec!["json", "xml", "compact"],
-        ),
-        (
-            "format=",
-            "invalid format parameter",
-            "",
-            vec!["json", "xml", "compact"],
-        ),
+        ("include_output_schema=2", "invalid include_output_schema parameter", "2", vec!["true", "false"]),
+        ("include_descriptions=on", "invalid include_descriptions parameter", "on", vec!["true", "false"]),
+        ("include_examples=tru", "invalid include_examples parameter", "tru", vec!["true", "false"]),
+        ("format=yaml", "invalid format parameter", "yaml", vec!["json", "xml", "compact"]),
+        ("format=", "invalid format parameter", "", vec!["json", "xml", "compact"]),
         (
             "health_status=dead",
             "invalid health_status parameter",
@@ -101,27 +67,12 @@ fn each_bad_value_names_its_parameter() {
         ),
         ("limit=-1", "invalid limit parameter", "-1", vec!["0-500"]),
         ("limit=501", "invalid limit parameter", "501", vec!["0-500"]),
-        (
-            "limit=10abc",
-            "invalid limit parameter",
-            "10abc",
-            vec!["0-500"],
-        ),
+        ("limit=10abc", "invalid limit parameter", "10abc", vec!["0-500"]),
         ("limit=1e3", "invalid limit parameter", "1e3", vec!["0-500"]),
-        (
-            "limit=0x10",
-            "invalid limit parameter",
-            "0x10",
-            vec!["0-500"],
-        ),
+        ("limit=0x10", "invalid limit parameter", "0x10", vec!["0-500"]),
         ("limit=", "invalid limit parameter", "", vec!["0-500"]),
         ("limit=%2B5", "invalid limit parameter", "+5", vec!["0-500"]),
-        (
-            "offset=1000001",
-            "invalid offset parameter",
-            "1000001",
-            vec!["0-1000000"],
-        ),
+        ("offset=1000001", "invalid offset parameter", "1000001", vec!["0-1000000"]),
         (
             "offset=99999999999999999999",
             "invalid offset parameter",
@@ -130,25 +81,15 @@ fn each_bad_value_names_its_parameter() {
         ),
     ];
     for (raw, message, provided, allowed) in cases {
-        assert_eq!(
-            err(raw),
-            (message.to_owned(), provided.to_owned(), allowed),
-            "{raw}"
-        );
+        assert_eq!(err(raw), (message.to_owned(), provided.to_owned(), allowed), "{raw}");
     }
 }
 
 #[test]
 fn errors_come_in_table_order() {
-    assert_eq!(
-        err("limit=x&format=bad&include_examples=bad").0,
-        "invalid include_examples parameter"
-    );
+    assert_eq!(err("limit=x&format=bad&include_examples=bad").0, "invalid include_examples parameter");
     assert_eq!(err("offset=x&limit=x").0, "invalid limit parameter");
-    assert_eq!(
-        err("limit=x&health_status=x").0,
-        "invalid health_status parameter"
-    );
+    assert_eq!(err("limit=x&health_status=x").0, "invalid health_status parameter");
 }
 
 #[test]
@@ -177,19 +118,14 @@ fn wildcards() {
 
 fn entry(id: &str, reasoners: &[(&str, &[&str])], skills: &[(&str, &[&str])]) -> Entry {
     let caps = |list: &[(&str, &[&str])]| {
-        list.iter()
-            .map(|(id, tags)| serde_json::json!({"id": id, "tags": tags}))
-            .collect::<Vec<_>>()
+        list.iter().map(|(id, tags)| serde_json::json!({"id": id, "tags": tags})).collect::<Vec<_>>()
     };
     let json = serde_json::json!({
         "agent_id": id, "base_url": "http://127.0.0.1:1",
         "reasoners": caps(reasoners), "skills": caps(skills),
     });
     let card = AgentCard::from_json(json.to_string().as_bytes()).unwrap();
-    let key = RecordKey {
-        agent_id: id.to_owned(),
-        publisher: PeerId::random(),
-    };
+    let key = RecordKey { agent_id: id.to_owned(), publisher: PeerId::random() };
     Entry::new(key, 1, card, Origin::Local(Liveness::Agent), 0)
 }
 
@@ -197,10 +133,7 @@ fn fixture() -> Vec<Entry> {
     vec![
         entry(
             "alpha",
-            &[
-                ("deep_research", &["research", "ml"]),
-                ("summarize", &["nlp"]),
-            ],
+            &[("deep_research", &["research", "ml"]), ("summarize", &["nlp"])],
             &[("web_search", &["web"])],
         ),
         entry("beta", &[("quick_research", &["research"])], &[]),
@@ -215,10 +148,7 @@ const T: Thresholds = Thresholds {
 };
 
 fn ids(sel: &Selection<'_>) -> Vec<String> {
-    sel.page
-        .iter()
-        .map(|h| h.entry.key.agent_id.clone())
-        .collect()
+    sel.page.iter().map(|h| h.entry.key.agent_id.clone()).collect()
 }
 
 #[test]
@@ -229,11 +159,7 @@ fn reasoner_filter_keeps_skills() {
     assert_eq!(ids(&sel), ["alpha", "beta", "gamma"]);
     assert_eq!((sel.total_reasoners, sel.total_skills), (2, 2));
     assert_eq!(sel.page[0].reasoners, vec![0]);
-    assert_eq!(
-        sel.page[0].skills,
-        vec![0],
-        "reasoner= does not filter skills"
-    );
+    assert_eq!(sel.page[0].skills, vec![0], "reasoner= does not filter skills");
 }
 
 #[test]
@@ -262,10 +188,7 @@ fn pagination_edges() {
         let sel = select(&es, &Query::parse(raw).unwrap(), 0, &T);
         (ids(&sel), sel.total_agents, sel.has_more)
     };
-    assert_eq!(
-        page("limit=2"),
-        (vec!["alpha".into(), "beta".into()], 3, true)
-    );
+    assert_eq!(page("limit=2"), (vec!["alpha".into(), "beta".into()], 3, true));
     assert_eq!(page("limit=2&offset=2"), (vec!["gamma".into()], 3, false));
     assert_eq!(page("limit=1&offset=2"), (vec!["gamma".into()], 3, false));
     assert_eq!(page("limit=0"), (vec![], 3, true));
@@ -279,31 +202,12 @@ fn health_filter_and_cache_validity() {
     let es = fixture();
     es[0].beat(1_000, Reported::Ready);
     es[1].beat(1_000, Reported::Degraded);
-    let sel = select(
-        &es,
-        &Query::parse("health_status=active").unwrap(),
-        2_000,
-        &T,
-    );
+    let sel = select(&es, &Query::parse("health_status=active").unwrap(), 2_000, &T);
     assert_eq!(ids(&sel), ["alpha"]);
-    assert_eq!(
-        sel.valid_until,
-        Some(8_000),
-        "alpha and beta turn degraded at 8s"
-    );
-    let sel = select(
-        &es,
-        &Query::parse("health_status=unknown").unwrap(),
-        2_000,
-        &T,
-    );
+    assert_eq!(sel.valid_until, Some(8_000), "alpha and beta turn degraded at 8s");
+    let sel = select(&es, &Query::parse("health_status=unknown").unwrap(), 2_000, &T);
     assert_eq!(ids(&sel), ["gamma"]);
-    let sel = select(
-        &es,
-        &Query::parse("health_status=degraded").unwrap(),
-        9_000,
-        &T,
-    );
+    let sel = select(&es, &Query::parse("health_status=degraded").unwrap(), 9_000, &T);
     assert_eq!(ids(&sel), ["alpha", "beta"]);
     assert_eq!(sel.valid_until, Some(21_000));
 }

@@ -20,12 +20,7 @@ pub enum Health {
 }
 
 impl Health {
-    pub const ALL: [Health; 4] = [
-        Health::Active,
-        Health::Inactive,
-        Health::Degraded,
-        Health::Unknown,
-    ];
+    pub const ALL: [Health; 4] = [Health::Active, Health::Inactive, Health::Degraded, Health::Unknown];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -38,9 +33,7 @@ impl Health {
 
     /// Case-insensitive parse of the four names.
     pub fn parse(s: &str) -> Option<Health> {
-        Health::ALL
-            .into_iter()
-            .find(|h| h.as_str().eq_ignore_ascii_case(s))
+        Health::ALL.into_iter().find(|h| h.as_str().eq_ignore_ascii_case(s))
     }
 }
 
@@ -141,37 +134,20 @@ impl Thresholds {
 mod tests {
     use super::*;
 
-    const T: Thresholds = Thresholds {
-        degraded_after: Duration::from_secs(7),
-        inactive_after: Duration::from_secs(20),
-    };
+    const T: Thresholds =
+        Thresholds { degraded_after: Duration::from_secs(7), inactive_after: Duration::from_secs(20) };
 
     #[test]
     fn health_follows_heartbeat_age() {
         let last = 1_000_000;
         assert_eq!(T.health(last, None, Reported::Ready), Health::Unknown);
         assert_eq!(T.health(last, Some(last), Reported::Ready), Health::Active);
-        assert_eq!(
-            T.health(last + 6_999, Some(last), Reported::Ready),
-            Health::Active
-        );
-        assert_eq!(
-            T.health(last + 7_000, Some(last), Reported::Ready),
-            Health::Degraded
-        );
-        assert_eq!(
-            T.health(last + 19_999, Some(last), Reported::Ready),
-            Health::Degraded
-        );
-        assert_eq!(
-            T.health(last + 20_000, Some(last), Reported::Ready),
-            Health::Inactive
-        );
+        assert_eq!(T.health(last + 6_999, Some(last), Reported::Ready), Health::Active);
+        assert_eq!(T.health(last + 7_000, Some(last), Reported::Ready), Health::Degraded);
+        assert_eq!(T.health(last + 19_999, Some(last), Reported::Ready), Health::Degraded);
+        assert_eq!(T.health(last + 20_000, Some(last), Reported::Ready), Health::Inactive);
         // A heartbeat from the future (clock skew) counts as fresh, not as a panic.
-        assert_eq!(
-            T.health(last - 5, Some(last), Reported::Ready),
-            Health::Active
-        );
+        assert_eq!(T.health(last - 5, Some(last), Reported::Ready), Health::Active);
     }
 
     #[test]
@@ -180,10 +156,7 @@ mod tests {
         assert_eq!(T.health(t, Some(t), Reported::Degraded), Health::Degraded);
         assert_eq!(T.health(t, Some(t), Reported::Offline), Health::Inactive);
         assert_eq!(T.health(t, Some(t), Reported::Starting), Health::Active);
-        assert_eq!(
-            T.health(t + 30_000, Some(t), Reported::Degraded),
-            Health::Inactive
-        );
+        assert_eq!(T.health(t + 30_000, Some(t), Reported::Degraded), Health::Inactive);
     }
 
     #[test]
@@ -199,9 +172,6 @@ mod tests {
         assert_eq!(Health::parse("ACTIVE"), Some(Health::Active));
         assert_eq!(Health::parse("gone"), None);
         assert_eq!(Reported::parse("Offline"), Some(Reported::Offline));
-        assert_eq!(
-            Reported::from_u8(Reported::Degraded.to_u8()),
-            Reported::Degraded
-        );
+        assert_eq!(Reported::from_u8(Reported::Degraded.to_u8()), Reported::Degraded);
     }
 }

@@ -47,15 +47,7 @@ impl Row {
         updated_at: u64,
         card: String,
     ) -> Self {
-        Self {
-            version: ROW_VERSION,
-            publisher,
-            agent_id,
-            seq,
-            origin,
-            updated_at,
-            card,
-        }
+        Self { version: ROW_VERSION, publisher, agent_id, seq, origin, updated_at, card }
     }
 
     fn key(&self) -> Vec<u8> {
@@ -86,15 +78,8 @@ pub struct Store {
 
 impl Store {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let open_err = |source| StoreError::Open {
-            path: dir.to_owned(),
-            source,
-        };
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(SLED_CACHE_BYTES)
-            .open()
-            .map_err(open_err)?;
+        let open_err = |source| StoreError::Open { path: dir.to_owned(), source };
+        let db = sled::Config::new().path(dir).cache_capacity(SLED_CACHE_BYTES).open().map_err(open_err)?;
         let records = db.open_tree(RECORDS_TREE).map_err(open_err)?;
         Ok(Self { db, records })
     }
@@ -105,14 +90,9 @@ impl Store {
         for item in self.records.iter() {
             let (key, value) = item.map_err(StoreError::Read)?;
             match ciborium::from_reader::<Row, _>(value.as_ref()) {
-                Ok(row) if row.version == ROW_VERSION && row.key() == key.as_ref() => {
-                    loaded.rows.push(row)
-                }
+                Ok(row) if row.version == ROW_VERSION && row.key() == key.as_ref() => loaded.rows.push(row),
                 Ok(row) => {
-                    tracing::warn!(
-                        version = row.version,
-                        "skipping store row of unknown version or key"
-                    );
+                    tracing::warn!(version = row.version, "skipping store row of unknown version or key");
                     loaded.unreadable += 1;
                 }
                 Err(error) => {
@@ -130,26 +110,18 @@ impl Store {
         // Encoding into a Vec cannot fail for this plain struct.
         ciborium::into_writer(row, &mut value)
             .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
-        self.records
-            .insert(row.key(), value)
-            .map_err(StoreError::Write)?;
+        self.records.insert(row.key(), value).map_err(StoreError::Write)?;
         self.flush().await
     }
 
     /// Removes the row and returns once that is on disk.
     pub async fn remove(&self, agent_id: &str, publisher: &[u8]) -> Result<(), StoreError> {
-        self.records
-            .remove(row_key(agent_id, publisher))
-            .map_err(StoreError::Write)?;
+        self.records.remove(row_key(agent_id, publisher)).map_err(StoreError::Write)?;
         self.flush().await
     }
 
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.db
-            .flush_async()
-            .await
-            .map(|_| ())
-            .map_err(StoreError::Write)
+        self.db.flush_async().await.map(|_| ()).map_err(StoreError::Write)
     }
 
     /// Writes many rows with one flush (bulk loads and tooling).

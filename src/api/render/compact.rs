@@ -22,11 +22,7 @@ struct Item<'a> {
 }
 
 pub fn render(sel: &Selection<'_>, now: Millis) -> Vec<u8> {
-    let mut response = Response {
-        discovered_at: rfc3339(now),
-        reasoners: Vec::new(),
-        skills: Vec::new(),
-    };
+    let mut response = Response { discovered_at: rfc3339(now), reasoners: Vec::new(), skills: Vec::new() };
     for hit in &sel.page {
         let card = &hit.entry.card;
         for &i in &hit.reasoners {

@@ -87,11 +87,7 @@ fn agent<'a>(hit: &Hit<'a>, q: &Query) -> Agent<'a> {
         output_schema: q.include_output_schema,
         examples: q.include_examples,
     };
-    let for_skills = Include {
-        output_schema: false,
-        examples: false,
-        ..for_reasoners
-    };
+    let for_skills = Include { output_schema: false, examples: false, ..for_reasoners };
     Agent {
         agent_id: &card.agent_id,
         base_url: &card.base_url,
@@ -104,11 +100,7 @@ fn agent<'a>(hit: &Hit<'a>, q: &Query) -> Agent<'a> {
             .iter()
             .map(|&i| cap(&card.reasoners[i], reasoner_target(card, i), for_reasoners))
             .collect(),
-        skills: hit
-            .skills
-            .iter()
-            .map(|&i| cap(&card.skills[i], skill_target(card, i), for_skills))
-            .collect(),
+        skills: hit.skills.iter().map(|&i| cap(&card.skills[i], skill_target(card, i), for_skills)).collect(),
         publisher: e.key.publisher.to_base58(),
         local: e.is_local(),
         seq: e.seq,
@@ -121,11 +113,7 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
         total_agents: sel.total_agents,
         total_reasoners: sel.total_reasoners,
         total_skills: sel.total_skills,
-        pagination: Pagination {
-            limit: q.limit,
-            offset: q.offset,
-            has_more: sel.has_more,
-        },
+        pagination: Pagination { limit: q.limit, offset: q.offset, has_more: sel.has_more },
         capabilities: sel.page.iter().map(|h| agent(h, q)).collect(),
     };
     // Only strings, numbers and already-valid raw JSON: serialisation cannot fail.

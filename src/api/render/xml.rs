@@ -27,11 +27,7 @@ pub fn clean(s: &str) -> Cow<'_, str> {
     if s.chars().all(is_xml_char) {
         Cow::Borrowed(s)
     } else {
-        Cow::Owned(
-            s.chars()
-                .map(|c| if is_xml_char(c) { c } else { '\u{FFFD}' })
-                .collect(),
-        )
+        Cow::Owned(s.chars().map(|c| if is_xml_char(c) { c } else { '\u{FFFD}' }).collect())
     }
 }
 
@@ -77,9 +73,7 @@ fn tag<'a>(name: &'a str, attrs: &[(&str, &str)]) -> BytesStart<'a> {
 }
 
 pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
-    let mut x = Xml {
-        w: Writer::new(Vec::with_capacity(4096)),
-    };
+    let mut x = Xml { w: Writer::new(Vec::with_capacity(4096)) };
     x.event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)));
     x.start("discovery", &[("discovered_at", &rfc3339(now))]);
     x.empty(
@@ -121,26 +115,12 @@ fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
     );
     x.start("reasoners", &[]);
     for &i in &hit.reasoners {
-        capability(
-            x,
-            "reasoner",
-            &card.reasoners[i],
-            &reasoner_target(card, i),
-            q,
-            true,
-        );
+        capability(x, "reasoner", &card.reasoners[i], &reasoner_target(card, i), q, true);
     }
     x.end("reasoners");
     x.start("skills", &[]);
     for &i in &hit.skills {
-        capability(
-            x,
-            "skill",
-            &card.skills[i],
-            &skill_target(card, i),
-            q,
-            false,
-        );
+        capability(x, "skill", &card.skills[i], &skill_target(card, i), q, false);
     }
     x.end("skills");
     x.end("agent");
@@ -197,11 +177,7 @@ fn fields(x: &mut Xml, schema: &Value, depth: usize) {
     for (name, prop) in props {
         let ty = match prop.get("type") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join("|"),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("|"),
             _ => "any".to_owned(),
         };
         let mut attrs: Vec<(&str, String)> = vec![("name", name.clone()), ("type", ty)];
@@ -219,10 +195,7 @@ fn fields(x: &mut Xml, schema: &Value, depth: usize) {
             attrs.push(("default", scalar(default)));
         }
         let attrs: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let description = prop
-            .get("description")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let description = prop.get("description").and_then(Value::as_str).unwrap_or("");
         let nested = [Some(prop), prop.get("items")]
             .into_iter()
             .flatten()

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::card::Capability;
 use crate::defaults::{
     DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_TAGS,
 };
@@ -245,6 +246,9 @@ pub struct Selection<'a> {
 }
 
 /// Runs `query` over `entries` (already in discovery order) at time `now`.
+///
+/// One pass, no allocation outside the page: capabilities are only counted for agents off the page.
+/// With an id allow-list only those ids are looked up (binary search), not the whole view.
 pub fn select<'a, E: AsRef<Entry> + 'a>(
     entries: &'a [E],
     query: &Query,
@@ -260,45 +264,53 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         valid_until: None,
     };
     let page_end = query.offset.saturating_add(query.limit);
-    for entry in entries.iter().map(AsRef::as_ref) {
-        if !query.ids.is_empty() && !query.ids.contains(&entry.key.agent_id) {
-            continue;
-        }
+    let mut visit = |entry: &'a Entry| {
         let card = &entry.card;
-        let reasoners: Vec<usize> = (0..card.reasoners.len())
-            .filter(|&i| {
-                let r = &card.reasoners[i];
-                query.reasoner.as_ref().is_none_or(|p| p.matches(&r.id)) && query.tags_match(&r.tags)
-            })
-            .collect();
-        let skills: Vec<usize> = (0..card.skills.len())
-            .filter(|&i| {
-                let s = &card.skills[i];
-                query.skill.as_ref().is_none_or(|p| p.matches(&s.id)) && query.tags_match(&s.tags)
-            })
-            .collect();
-        if reasoners.is_empty() && skills.is_empty() {
-            continue;
+        let reasoner_ok = |c: &Capability| {
+            query.reasoner.as_ref().is_none_or(|p| p.matches(&c.id)) && query.tags_match(&c.tags)
+        };
+        let skill_ok = |c: &Capability| {
+            query.skill.as_ref().is_none_or(|p| p.matches(&c.id)) && query.tags_match(&c.tags)
+        };
+        let reasoners = card.reasoners.iter().filter(|c| reasoner_ok(c)).count();
+        let skills = card.skills.iter().filter(|c| skill_ok(c)).count();
+        if reasoners == 0 && skills == 0 {
+            return;
         }
         if let Some(t) = entry.next_health_change(now, thresholds) {
             sel.valid_until = Some(sel.valid_until.map_or(t, |v: Millis| v.min(t)));
         }
         let health = entry.health(now, thresholds);
         if query.health.is_some_and(|h| h != health) {
-            continue;
+            return;
         }
         let index = sel.total_agents;
         sel.total_agents += 1;
-        sel.total_reasoners += reasoners.len();
-        sel.total_skills += skills.len();
+        sel.total_reasoners += reasoners;
+        sel.total_skills += skills;
         if index >= query.offset && index < page_end {
+            let positions = |list: &[Capability], ok: &dyn Fn(&Capability) -> bool| {
+                list.iter().enumerate().filter(|(_, c)| ok(c)).map(|(i, _)| i).collect()
+            };
             sel.page.push(Hit {
                 entry,
                 health,
                 last_heartbeat: entry.last_heartbeat(now),
-                reasoners,
-                skills,
+                reasoners: positions(&card.reasoners, &reasoner_ok),
+                skills: positions(&card.skills, &skill_ok),
             });
+        }
+    };
+    if query.ids.is_empty() {
+        entries.iter().for_each(|e| visit(e.as_ref()));
+    } else {
+        for id in &query.ids {
+            let start = entries.partition_point(|e| e.as_ref().key.agent_id.as_str() < id.as_str());
+            entries[start..]
+                .iter()
+                .map(AsRef::as_ref)
+                .take_while(|e| &e.key.agent_id == id)
+                .for_each(&mut visit);
         }
     }
     sel.has_more = page_end < sel.total_agents;

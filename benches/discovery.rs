@@ -1,0 +1,145 @@
+//! The discovery query path at scale, in process: select + render over a registry of synthetic agents.
+//!
+//! `cargo bench --bench discovery` prints a Markdown table for BENCHMARKS.md.
+//! `cargo bench --bench discovery -- --populate DIR [AGENTS]` writes a data directory holding AGENTS
+//! local agents (default 10,000) for the HTTP load run (`simulations/bench-http.sh`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentmesh::api::render;
+use agentmesh::card::AgentCard;
+use agentmesh::defaults::STORE_DIR;
+use agentmesh::identity::Identity;
+use agentmesh::query::{select, Format, Query};
+use agentmesh::registry::health::Thresholds;
+use agentmesh::registry::{Liveness, Registry};
+use serde_json::json;
+
+const AGENTS: usize = 10_000;
+const VERBS: [&str; 8] = ["deep", "quick", "plan", "summarize", "translate", "classify", "extract", "rank"];
+const NOUNS: [&str; 13] = [
+    "research", "text", "code", "image", "audio", "table", "graph", "email", "ticket", "invoice", "query",
+    "log", "doc",
+];
+const TAGS: [&str; 20] = [
+    "ml", "nlp", "vision", "speech", "search", "web", "db", "finance", "legal", "health", "ops", "security",
+    "math", "code", "i18n", "support", "sales", "hr", "science", "research",
+];
+
+/// A card with two reasoners and two skills (four capabilities), each with input and output schemas.
+pub fn card(i: usize) -> AgentCard {
+    let cap = |k: usize, kind: &str| {
+        let verb = VERBS[(i + k) % VERBS.len()];
+        let noun = NOUNS[(i * 7 + k) % NOUNS.len()];
+        json!({
+            "id": format!("{verb}_{noun}_{kind}{k}"),
+            "description": format!("{verb} a {noun} and return a structured result"),
+            "tags": [TAGS[(i + k) % TAGS.len()], TAGS[(i * 3 + k) % TAGS.len()]],
+            "input_schema": {"type": "object", "properties": {
+                "input": {"type": "string", "description": format!("the {noun} to work on"), "minLength": 1},
+                "max_items": {"type": "integer", "default": 10, "maximum": 100},
+                "language": {"type": "string", "default": "en"}
+            }, "required": ["input"]},
+            "output_schema": {"type": "object", "properties": {
+                "result": {"type": "string"}, "score": {"type": "number"}
+            }},
+        })
+    };
+    let value = json!({
+        "agent_id": format!("agent-{i:05}"),
+        "base_url": format!("http://10.0.{}.{}:8000", i / 250, i % 250),
+        "version": "1.0.0",
+        "description": "synthetic benchmark agent",
+        "tags": [TAGS[i % TAGS.len()]],
+        "reasoners": [cap(0, "r"), cap(1, "r")],
+        "skills": [cap(2, "s"), cap(3, "s")],
+    });
+    AgentCard::from_json(value.to_string().as_bytes()).expect("synthetic card is valid")
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn populate(dir: &Path, agents: usize) -> Registry {
+    let identity = Identity::load_or_create(dir).expect("identity");
+    let (registry, _) =
+        Registry::open(&dir.join(STORE_DIR), identity.peer_id(), Thresholds::default()).expect("store opens");
+    let cards: Vec<AgentCard> = (0..agents).map(card).collect();
+    for chunk in cards.chunks(1000) {
+        registry.bulk_register_local(chunk.to_vec(), Liveness::Node, now_ms()).await.expect("bulk insert");
+    }
+    registry
+}
+
+fn measure(name: &str, registry: &Registry, raw: &str) {
+    let query = Query::parse(raw).expect("valid query");
+    let snapshot = registry.snapshot();
+    let run = || {
+        let now = now_ms();
+        let sel = select(&snapshot.entries, &query, now, registry.thresholds());
+        let body = match query.format {
+            Format::Json => render::json::render(&sel, &query, now),
+            Format::Compact => render::compact::render(&sel, now),
+            Format::Xml => render::xml::render(&sel, &query, now),
+        };
+        (body.len(), sel.total_agents)
+    };
+    for _ in 0..20 {
+        std::hint::black_box(run());
+    }
+    let mut samples = Vec::new();
+    let mut bytes = 0;
+    let mut total = 0;
+    let start = Instant::now();
+    while samples.len() < 50 || (start.elapsed() < Duration::from_secs(2) && samples.len() < 5000) {
+        let t = Instant::now();
+        (bytes, total) = std::hint::black_box(run());
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e3;
+    let mean = samples.iter().sum::<Duration>().as_secs_f64() * 1e3 / samples.len() as f64;
+    println!(
+        "| {name} | `{raw}` | {total} | {bytes} | {mean:.3} | {:.3} | {:.3} | {} |",
+        pct(0.5),
+        pct(0.99),
+        samples.len()
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    if let Some(at) = args.iter().position(|a| a == "--populate") {
+        let dir = Path::new(args.get(at + 1).expect("--populate DIR"));
+        let agents = args.get(at + 2).map_or(AGENTS, |n| n.parse().expect("agent count"));
+        rt.block_on(populate(dir, agents));
+        println!("populated {} with {agents} agents", dir.display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = rt.block_on(populate(dir.path(), AGENTS));
+    let caps: usize =
+        registry.snapshot().entries.iter().map(|e| e.card.reasoners.len() + e.card.skills.len()).sum();
+    println!("{AGENTS} agents, {caps} capabilities, one thread, select + render (no HTTP, no cache)\n");
+    println!("| case | query | matched agents | body bytes | mean ms | p50 ms | p99 ms | runs |");
+    println!("|---|---|---|---|---|---|---|---|");
+    measure("json, page of 100, no schemas", &registry, "limit=100");
+    measure(
+        "json, page of 100, with schemas",
+        &registry,
+        "limit=100&include_input_schema=true&include_output_schema=true",
+    );
+    measure(
+        "xml, page of 100, with schemas",
+        &registry,
+        "format=xml&limit=100&include_input_schema=true&include_output_schema=true",
+    );
+    measure("compact, page of 100", &registry, "format=compact&limit=100");
+    measure("json, wildcard reasoner filter", &registry, "reasoner=*research*&limit=100");
+    measure("json, tag filter", &registry, "tags=ml,vision&limit=100");
+    measure("json, one agent", &registry, "agent=agent-04242");
+    measure("json, last page", &registry, "limit=100&offset=9900");
+}

@@ -63,7 +63,7 @@ pub const CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 /// A request that has not completed by then is answered 408.
 pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// sled page cache. Queries never read sled, so a small cache is enough.
-pub const SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+pub const SLED_CACHE_BYTES: u64 = 1024 * 1024;
 /// Name of the key file inside the data directory.
 pub const IDENTITY_FILE: &str = "identity.key";
 /// Name of the sled directory inside the data directory.

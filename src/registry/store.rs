@@ -63,13 +63,6 @@ pub fn row_key(agent_id: &str, publisher: &[u8]) -> Vec<u8> {
     key
 }
 
-/// Rows read at start, and how many could not be read.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    pub rows: Vec<Row>,
-    pub unreadable: usize,
-}
-
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
@@ -84,24 +77,26 @@ impl Store {
         Ok(Self { db, records })
     }
 
-    /// Every row. A row that does not decode is counted and skipped (and left on disk for inspection).
-    pub fn load(&self) -> Result<Loaded, StoreError> {
-        let mut loaded = Loaded::default();
+    /// Hands every row to `visit`, one at a time, so a large store is never held twice in memory.
+    /// A row that does not decode is counted and skipped (and left on disk for inspection); returns
+    /// that count.
+    pub fn load(&self, mut visit: impl FnMut(Row)) -> Result<usize, StoreError> {
+        let mut unreadable = 0;
         for item in self.records.iter() {
             let (key, value) = item.map_err(StoreError::Read)?;
             match ciborium::from_reader::<Row, _>(value.as_ref()) {
-                Ok(row) if row.version == ROW_VERSION && row.key() == key.as_ref() => loaded.rows.push(row),
+                Ok(row) if row.version == ROW_VERSION && row.key() == key.as_ref() => visit(row),
                 Ok(row) => {
                     tracing::warn!(version = row.version, "skipping store row of unknown version or key");
-                    loaded.unreadable += 1;
+                    unreadable += 1;
                 }
                 Err(error) => {
                     tracing::warn!(%error, "skipping unreadable store row");
-                    loaded.unreadable += 1;
+                    unreadable += 1;
                 }
             }
         }
-        Ok(loaded)
+        Ok(unreadable)
     }
 
     /// Writes the row and returns once it is on disk.
@@ -153,10 +148,12 @@ mod tests {
             store.flush().await.unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
-        let loaded = store.load().unwrap();
-        assert_eq!(loaded.rows, vec![row.clone()]);
-        assert_eq!(loaded.unreadable, 1);
+        let mut rows = Vec::new();
+        assert_eq!(store.load(|r| rows.push(r)).unwrap(), 1, "one unreadable row");
+        assert_eq!(rows, vec![row.clone()]);
         store.remove("a", &[1, 2, 3]).await.unwrap();
-        assert!(store.load().unwrap().rows.is_empty());
+        let mut count = 0;
+        store.load(|_| count += 1).unwrap();
+        assert_eq!(count, 0);
     }
 }

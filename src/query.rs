@@ -29,36 +29,60 @@ pub enum Format {
 }
 
 /// A `*` wildcard pattern, anchored at both ends, case-sensitive.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The inner parts are searched with prebuilt `memmem` finders: building a substring searcher costs more
+/// than running it on a short id, and a query runs the same pattern over every capability in the view.
+#[derive(Debug, Clone)]
 pub struct Pattern {
-    parts: Vec<String>,
+    source: String,
+    first: String,
+    last: String,
+    middle: Vec<memchr::memmem::Finder<'static>>,
     wildcard: bool,
 }
 
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Pattern {}
+
 impl Pattern {
     pub fn new(pattern: &str) -> Self {
-        Self { parts: pattern.split('*').map(str::to_owned).collect(), wildcard: pattern.contains('*') }
+        let parts: Vec<&str> = pattern.split('*').collect();
+        let wildcard = parts.len() > 1;
+        let (first, last) = if wildcard { (parts[0], parts[parts.len() - 1]) } else { (pattern, "") };
+        let middle = if wildcard {
+            parts[1..parts.len() - 1]
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| memchr::memmem::Finder::new(p.as_bytes()).into_owned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { source: pattern.to_owned(), first: first.to_owned(), last: last.to_owned(), middle, wildcard }
     }
 
     /// True when the pattern matches every string (`*`, `**`, or empty).
     pub fn matches_all(&self) -> bool {
-        self.parts.iter().all(String::is_empty)
+        self.source.bytes().all(|b| b == b'*')
     }
 
     pub fn matches(&self, s: &str) -> bool {
         if !self.wildcard {
-            return self.parts[0].is_empty() || self.parts[0] == s;
+            return self.first.is_empty() || self.first == s;
         }
-        let (first, rest) = self.parts.split_first().expect("split yields at least one part");
-        let (last, middle) = rest.split_last().expect("a wildcard pattern has at least two parts");
-        if s.len() < first.len() + last.len() || !s.starts_with(first.as_str()) || !s.ends_with(last.as_str())
-        {
+        let (first, last) = (self.first.as_str(), self.last.as_str());
+        if s.len() < first.len() + last.len() || !s.starts_with(first) || !s.ends_with(last) {
             return false;
         }
-        let mut hay = &s[first.len()..s.len() - last.len()];
-        for part in middle {
-            match hay.find(part.as_str()) {
-                Some(at) => hay = &hay[at + part.len()..],
+        let mut hay = &s.as_bytes()[first.len()..s.len() - last.len()];
+        for finder in &self.middle {
+            match finder.find(hay) {
+                Some(at) => hay = &hay[at + finder.needle().len()..],
                 None => return false,
             }
         }
@@ -280,9 +304,10 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         if let Some(t) = entry.next_health_change(now, thresholds) {
             sel.valid_until = Some(sel.valid_until.map_or(t, |v: Millis| v.min(t)));
         }
-        let health = entry.health(now, thresholds);
-        if query.health.is_some_and(|h| h != health) {
-            return;
+        if let Some(wanted) = query.health {
+            if entry.health(now, thresholds) != wanted {
+                return;
+            }
         }
         let index = sel.total_agents;
         sel.total_agents += 1;
@@ -294,7 +319,7 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
             };
             sel.page.push(Hit {
                 entry,
-                health,
+                health: entry.health(now, thresholds),
                 last_heartbeat: entry.last_heartbeat(now),
                 reasoners: positions(&card.reasoners, &reasoner_ok),
                 skills: positions(&card.skills, &skill_ok),

@@ -19,7 +19,7 @@ fi
 if ! command -v oha >/dev/null; then
   cargo install oha --locked
 fi
-ulimit -n 65536
+ulimit -n "$(ulimit -Hn)"  # 1,000 connections need more than the usual 1,024 descriptors
 
 cargo build --release --quiet
 work=$(mktemp -d)

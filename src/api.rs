@@ -23,7 +23,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::defaults::{HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES};
+use crate::defaults::{DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES};
 use crate::registry::health::Millis;
 use crate::registry::Registry;
 use error::ApiError;
@@ -33,6 +33,8 @@ use error::ApiError;
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub cache: Arc<discovery::ResponseCache>,
+    /// Bounds discovery cache misses computed at once.
+    pub discovery_permits: Arc<tokio::sync::Semaphore>,
     /// Lets non-loopback clients write. `None`: only loopback clients may write.
     pub api_key: Option<Arc<str>>,
     pub started: Instant,
@@ -40,7 +42,13 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(registry: Arc<Registry>, api_key: Option<String>) -> Self {
-        Self { registry, cache: Arc::default(), api_key: api_key.map(Into::into), started: Instant::now() }
+        Self {
+            registry,
+            cache: Arc::default(),
+            discovery_permits: Arc::new(tokio::sync::Semaphore::new(DISCOVERY_CONCURRENCY)),
+            api_key: api_key.map(Into::into),
+            started: Instant::now(),
+        }
     }
 }
 

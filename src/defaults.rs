@@ -54,7 +54,12 @@ pub const MAX_QUERY_TAGS: usize = 64;
 
 /// Discovery responses kept in the response cache.
 pub const CACHE_ENTRIES: usize = 1024;
-/// Query strings longer than this are answered but not cached.
+/// Bytes of rendered responses the cache may hold; a single response over an eighth of it is not cached.
+pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// Discovery queries computed at once (cache misses); the rest wait their turn. Matches the cores a
+/// sidecar can expect: more in parallel only adds memory.
+pub const DISCOVERY_CONCURRENCY: usize = 2;
+/// Queries whose canonical form is longer than this are answered but not cached.
 pub const CACHE_MAX_KEY_BYTES: usize = 1024;
 /// Longest a cached response is served, which bounds how stale its `last_heartbeat` values can be.
 /// Registrations, removals and health changes invalidate the cache at once regardless.

@@ -212,6 +212,29 @@ impl Query {
         Ok(q)
     }
 
+    /// The query in canonical form: equal for every spelling of the same request (aliases, case, order
+    /// of parameters, unknown parameters), so it can key a response cache.
+    pub fn cache_key(&self) -> String {
+        let ids: Vec<&str> = self.ids.iter().map(String::as_str).collect();
+        let tags: Vec<&str> = self.tags.iter().map(|p| p.source.as_str()).collect();
+        let pattern = |p: &Option<Pattern>| p.as_ref().map_or("", |p| p.source.as_str()).to_owned();
+        format!(
+            "{:?}|{}|{}|{}|{}|{}{}{}{}|{:?}|{}|{}",
+            self.format,
+            ids.join(","),
+            pattern(&self.reasoner),
+            pattern(&self.skill),
+            tags.join(","),
+            u8::from(self.include_input_schema),
+            u8::from(self.include_output_schema),
+            u8::from(self.include_descriptions),
+            u8::from(self.include_examples),
+            self.health,
+            self.limit,
+            self.offset,
+        )
+    }
+
     /// Does a capability survive the tag filter?
     fn tags_match(&self, tags: &[String]) -> bool {
         self.tags.is_empty() || tags.iter().any(|t| self.tags.iter().any(|p| p.matches(t)))

@@ -1,5 +1,9 @@
 //! `GET /api/v1/discovery/capabilities` and its response cache.
 //!
+//! A miss is computed on the blocking pool, at most `DISCOVERY_CONCURRENCY` at a time, so a burst of
+//! expensive queries neither stalls the async workers (heartbeats, cache hits) nor holds a rendered body
+//! per waiting connection.
+//!
 //! The cache never serves a result that misses a change: an entry is tagged with the snapshot
 //! generation (bumped by every registration and removal) and the registry's health epoch (bumped when a
 //! heartbeat changes some agent's health), and it expires at the first instant at which any agent the
@@ -18,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::render;
 use super::{now_millis, AppState};
-use crate::defaults::{CACHE_ENTRIES, CACHE_MAX_AGE, CACHE_MAX_KEY_BYTES};
+use crate::defaults::{CACHE_ENTRIES, CACHE_MAX_AGE, CACHE_MAX_BYTES, CACHE_MAX_KEY_BYTES};
 use crate::query::{select, Format, Query};
 use crate::registry::health::Millis;
 
@@ -36,9 +40,11 @@ struct CacheState {
     /// (snapshot generation, health epoch) every entry below belongs to.
     tag: (u64, u64),
     entries: HashMap<String, Cached>,
+    /// Sum of the cached bodies' lengths.
+    bytes: usize,
 }
 
-/// Rendered discovery responses keyed by raw query string.
+/// Rendered discovery responses keyed by the canonical query.
 #[derive(Default)]
 pub struct ResponseCache {
     state: Mutex<CacheState>,
@@ -53,8 +59,9 @@ impl ResponseCache {
         state.entries.get(key).filter(|c| now < c.expires).cloned()
     }
 
-    fn put(&self, key: String, tag: (u64, u64), value: Cached) {
-        if key.len() > CACHE_MAX_KEY_BYTES {
+    fn put(&self, key: String, tag: (u64, u64), value: Cached, now: Millis) {
+        let size = value.body.len();
+        if key.len() > CACHE_MAX_KEY_BYTES || size > CACHE_MAX_BYTES / 8 {
             return;
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -65,15 +72,19 @@ impl ResponseCache {
             }
             state.tag = tag;
             state.entries.clear();
+            state.bytes = 0;
         }
-        if state.entries.len() >= CACHE_ENTRIES {
-            let now = value.expires.saturating_sub(CACHE_MAX_AGE.as_millis() as u64);
+        if state.entries.len() >= CACHE_ENTRIES || state.bytes + size > CACHE_MAX_BYTES {
             state.entries.retain(|_, c| c.expires > now);
-            if state.entries.len() >= CACHE_ENTRIES {
+            if state.entries.len() >= CACHE_ENTRIES || state.bytes + size > CACHE_MAX_BYTES {
                 state.entries.clear();
             }
+            state.bytes = state.entries.values().map(|c| c.body.len()).sum();
         }
-        state.entries.insert(key, value);
+        if let Some(old) = state.entries.insert(key, value) {
+            state.bytes -= old.body.len();
+        }
+        state.bytes += size;
     }
 }
 
@@ -81,25 +92,32 @@ pub async fn capabilities(
     State(app): State<AppState>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    let raw = raw.unwrap_or_default();
-    let query = Query::parse(&raw)?;
+    let query = Query::parse(raw.as_deref().unwrap_or_default())?;
+    let key = query.cache_key();
     let now = now_millis();
     let snapshot = app.registry.snapshot();
     let tag = (snapshot.generation, app.registry.health_epoch());
-    if let Some(hit) = app.cache.get(&raw, tag, now) {
+    if let Some(hit) = app.cache.get(&key, tag, now) {
         return Ok(respond(hit, "hit"));
     }
-    let thresholds = app.registry.thresholds();
-    let sel = select(&snapshot.entries, &query, now, thresholds);
-    let body = match query.format {
-        Format::Json => render::json::render(&sel, &query, now),
-        Format::Compact => render::compact::render(&sel, now),
-        Format::Xml => render::xml::render(&sel, &query, now),
-    };
+    let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
+    let thresholds = *app.registry.thresholds();
+    let format = query.format;
+    let (body, valid_until) = tokio::task::spawn_blocking(move || {
+        let sel = select(&snapshot.entries, &query, now, &thresholds);
+        let body = match query.format {
+            Format::Json => render::json::render(&sel, &query, now),
+            Format::Compact => render::compact::render(&sel, now),
+            Format::Xml => render::xml::render(&sel, &query, now),
+        };
+        (body, sel.valid_until)
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?;
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
-    let expires = sel.valid_until.map_or(max_age, |t| t.min(max_age));
-    let cached = Cached { body: Bytes::from(body), format: query.format, expires };
-    app.cache.put(raw, tag, cached.clone());
+    let expires = valid_until.map_or(max_age, |t| t.min(max_age));
+    let cached = Cached { body: Bytes::from(body), format, expires };
+    app.cache.put(key, tag, cached.clone(), now);
     Ok(respond(cached, "miss"))
 }
 

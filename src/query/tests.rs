@@ -211,3 +211,14 @@ fn health_filter_and_cache_validity() {
     assert_eq!(ids(&sel), ["alpha", "beta"]);
     assert_eq!(sel.valid_until, Some(21_000));
 }
+
+#[test]
+fn cache_key_is_canonical() {
+    let key = |raw: &str| Query::parse(raw).unwrap().cache_key();
+    assert_eq!(key("agent=a&format=JSON&colour=red"), key("node_id=a&format=json"));
+    assert_eq!(key("agent_ids=b,a"), key("node_ids=a&agent=b"));
+    assert_eq!(key("include_examples=yes"), key("include_examples=true"));
+    assert_ne!(key("reasoner=a*"), key("skill=a*"));
+    assert_ne!(key("limit=10"), key("offset=10"));
+    assert_ne!(key("tags=a,b"), key("tags=a%2Cb&reasoner=b"));
+}

@@ -1,8 +1,8 @@
 //! `GET /api/v1/discovery/capabilities` and its response cache.
 //!
-//! A miss is computed on the blocking pool, at most `DISCOVERY_CONCURRENCY` at a time, so a burst of
-//! expensive queries neither stalls the async workers (heartbeats, cache hits) nor holds a rendered body
-//! per waiting connection.
+//! A miss is computed at most `DISCOVERY_CONCURRENCY` at a time (inside `block_in_place`, so the
+//! runtime keeps serving heartbeats and cache hits meanwhile), and a burst of identical misses is
+//! computed once.
 //!
 //! The cache never serves a result that misses a change: an entry is tagged with the snapshot
 //! generation (bumped by every registration and removal) and the registry's health epoch (bumped when a
@@ -101,24 +101,36 @@ pub async fn capabilities(
         return Ok(respond(hit, "hit"));
     }
     let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
-    let thresholds = *app.registry.thresholds();
+    // Requests for the same page that arrive together (a cache entry just expired under load) queue
+    // here; all but the first find the answer the first one cached.
+    if let Some(hit) = app.cache.get(&key, tag, now) {
+        return Ok(respond(hit, "hit"));
+    }
     let format = query.format;
-    let (body, valid_until) = tokio::task::spawn_blocking(move || {
-        let sel = select(&snapshot.entries, &query, now, &thresholds);
+    // Tens of microseconds to milliseconds of CPU: let the runtime move other tasks off this worker.
+    let (body, valid_until) = off_the_worker(|| {
+        let sel = select(&snapshot.entries, &query, now, app.registry.thresholds());
         let body = match query.format {
             Format::Json => render::json::render(&sel, &query, now),
             Format::Compact => render::compact::render(&sel, now),
             Format::Xml => render::xml::render(&sel, &query, now),
         };
         (body, sel.valid_until)
-    })
-    .await
-    .map_err(|e| ApiError::internal(&e))?;
+    });
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
     let cached = Cached { body: Bytes::from(body), format, expires };
     app.cache.put(key, tag, cached.clone(), now);
     Ok(respond(cached, "miss"))
+}
+
+/// Runs CPU-bound work without starving the multi-threaded runtime (`block_in_place`); inline on a
+/// current-thread runtime, where there is no other worker to hand tasks to.
+fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(work),
+        _ => work(),
+    }
 }
 
 fn respond(cached: Cached, cache: &'static str) -> Response {

@@ -121,8 +121,12 @@ fn main() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let registry = rt.block_on(populate(dir.path(), AGENTS));
-    let caps: usize =
-        registry.snapshot().entries.iter().map(|e| e.card.reasoners.len() + e.card.skills.len()).sum();
+    let caps: usize = registry
+        .snapshot()
+        .entries
+        .iter()
+        .map(|e| e.card.reasoners().count() + e.card.skills().count())
+        .sum();
     println!("{AGENTS} agents, {caps} capabilities, one thread, select + render (no HTTP, no cache)\n");
     println!("| case | query | matched agents | body bytes | mean ms | p50 ms | p99 ms | runs |");
     println!("|---|---|---|---|---|---|---|---|");

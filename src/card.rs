@@ -4,6 +4,10 @@
 //! Schemas and examples are kept as raw, minified JSON: the query path copies them into responses
 //! without re-encoding, and a parsed `serde_json::Value` tree would cost several times the memory.
 
+pub mod held;
+
+pub use held::HeldCard;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::card::Capability;
+use crate::card::held::CapIndex;
 use crate::defaults::{
     DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_TAGS,
 };
@@ -236,8 +236,8 @@ impl Query {
     }
 
     /// Does a capability survive the tag filter?
-    fn tags_match(&self, tags: &[String]) -> bool {
-        self.tags.is_empty() || tags.iter().any(|t| self.tags.iter().any(|p| p.matches(t)))
+    fn tags_match<'t>(&self, mut tags: impl Iterator<Item = &'t str>) -> bool {
+        self.tags.is_empty() || tags.any(|t| self.tags.iter().any(|p| p.matches(t)))
     }
 }
 
@@ -313,14 +313,14 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
     let page_end = query.offset.saturating_add(query.limit);
     let mut visit = |entry: &'a Entry| {
         let card = &entry.card;
-        let reasoner_ok = |c: &Capability| {
-            query.reasoner.as_ref().is_none_or(|p| p.matches(&c.id)) && query.tags_match(&c.tags)
+        let reasoner_ok = |c: &CapIndex<'_>| {
+            query.reasoner.as_ref().is_none_or(|p| p.matches(c.id)) && query.tags_match(c.tags.clone())
         };
-        let skill_ok = |c: &Capability| {
-            query.skill.as_ref().is_none_or(|p| p.matches(&c.id)) && query.tags_match(&c.tags)
+        let skill_ok = |c: &CapIndex<'_>| {
+            query.skill.as_ref().is_none_or(|p| p.matches(c.id)) && query.tags_match(c.tags.clone())
         };
-        let reasoners = card.reasoners.iter().filter(|c| reasoner_ok(c)).count();
-        let skills = card.skills.iter().filter(|c| skill_ok(c)).count();
+        let reasoners = card.reasoners().filter(|c| reasoner_ok(c)).count();
+        let skills = card.skills().filter(|c| skill_ok(c)).count();
         if reasoners == 0 && skills == 0 {
             return;
         }
@@ -337,15 +337,15 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         sel.total_reasoners += reasoners;
         sel.total_skills += skills;
         if index >= query.offset && index < page_end {
-            let positions = |list: &[Capability], ok: &dyn Fn(&Capability) -> bool| {
-                list.iter().enumerate().filter(|(_, c)| ok(c)).map(|(i, _)| i).collect()
+            let positions = |list: crate::card::held::Caps<'_>, ok: &dyn Fn(&CapIndex<'_>) -> bool| {
+                list.enumerate().filter(|(_, c)| ok(c)).map(|(i, _)| i).collect()
             };
             sel.page.push(Hit {
                 entry,
                 health: entry.health(now, thresholds),
                 last_heartbeat: entry.last_heartbeat(now),
-                reasoners: positions(&card.reasoners, &reasoner_ok),
-                skills: positions(&card.skills, &skill_ok),
+                reasoners: positions(card.reasoners(), &reasoner_ok),
+                skills: positions(card.skills(), &skill_ok),
             });
         }
     };

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use libp2p::identity::PeerId;
 
-use crate::card::AgentCard;
+use crate::card::{AgentCard, HeldCard};
 use health::{Health, Millis, Reported, Thresholds};
 use store::{Row, Store, StoreError};
 
@@ -103,7 +103,9 @@ impl Live {
 pub struct Entry {
     pub key: RecordKey,
     pub seq: u64,
-    pub card: AgentCard,
+    pub card: HeldCard,
+    /// The publisher's PeerId as text, shared by every entry of that publisher.
+    pub publisher_name: Arc<str>,
     pub origin: Origin,
     /// When this node accepted this version of the card.
     pub updated_at: Millis,
@@ -112,8 +114,10 @@ pub struct Entry {
 
 impl Entry {
     /// A fresh entry with no heartbeat yet (tests and tooling; the registry builds its own).
-    pub fn new(key: RecordKey, seq: u64, card: AgentCard, origin: Origin, updated_at: Millis) -> Self {
-        Self { key, seq, card, origin, updated_at, live: Arc::new(Live::default()) }
+    pub fn new(key: RecordKey, seq: u64, card: &AgentCard, origin: Origin, updated_at: Millis) -> Self {
+        let publisher_name = key.publisher.to_base58().into();
+        let card = HeldCard::new(card);
+        Self { key, seq, card, publisher_name, origin, updated_at, live: Arc::new(Live::default()) }
     }
 
     /// Records a sign of life (tests and tooling; the registry goes through `heartbeat_local`).
@@ -225,6 +229,18 @@ pub struct Registry {
     writer: tokio::sync::Mutex<BTreeMap<RecordKey, Arc<Entry>>>,
     snapshot: ArcSwap<Snapshot>,
     health_epoch: AtomicU64,
+    names: PublisherNames,
+}
+
+/// PeerId text per publisher, computed once and shared by all of its entries.
+#[derive(Default)]
+struct PublisherNames(std::sync::Mutex<std::collections::HashMap<PeerId, Arc<str>>>);
+
+impl PublisherNames {
+    fn get(&self, publisher: PeerId) -> Arc<str> {
+        let mut names = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        names.entry(publisher).or_insert_with(|| publisher.to_base58().into()).clone()
+    }
 }
 
 /// What opening found on disk.
@@ -242,7 +258,8 @@ impl Registry {
         let store = Store::open(dir)?;
         let mut report = OpenReport::default();
         let mut map = BTreeMap::new();
-        let undecodable = store.load(|row| match entry_from_row(&row) {
+        let names = PublisherNames::default();
+        let undecodable = store.load(|row| match entry_from_row(&row, &names) {
             Some(entry) => {
                 if entry.is_local() {
                     report.local += 1;
@@ -270,8 +287,13 @@ impl Registry {
             writer: tokio::sync::Mutex::new(map),
             snapshot: ArcSwap::from_pointee(snapshot),
             health_epoch: AtomicU64::new(0),
+            names,
         };
         Ok((registry, report))
+    }
+
+    fn publisher_name(&self, publisher: PeerId) -> Arc<str> {
+        self.names.get(publisher)
     }
 
     pub fn local_peer_id(&self) -> PeerId {
@@ -306,7 +328,7 @@ impl Registry {
         // Re-registering the same card (an agent restarting, card files at every start) writes nothing,
         // so it neither wears the disk nor sends a new version around the mesh.
         let applied = match held {
-            Some(e) if e.origin == origin && e.card.to_json() == card.to_json() => {
+            Some(e) if e.origin == origin && e.card.json().as_bytes() == card.to_json() => {
                 Applied::Unchanged { seq: e.seq }
             }
             _ => {
@@ -360,16 +382,21 @@ impl Registry {
                 }
                 let created = held.is_none();
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
+                let card = HeldCard::new(&card);
                 let row = Row::new(
                     publisher.to_bytes(),
                     key.agent_id.clone(),
                     seq,
                     origin.to_u8(),
                     now,
-                    String::from_utf8(card.to_json()).unwrap_or_default(),
+                    card.json().to_owned(),
                 );
                 self.store.put(&row).await?;
-                map.insert(key.clone(), Arc::new(Entry { key, seq, card, origin, updated_at: now, live }));
+                let publisher_name = self.publisher_name(publisher);
+                map.insert(
+                    key.clone(),
+                    Arc::new(Entry { key, seq, card, publisher_name, origin, updated_at: now, live }),
+                );
                 if created {
                     Applied::Created { seq }
                 } else {
@@ -441,11 +468,14 @@ impl Registry {
                 now,
                 String::from_utf8(card.to_json()).unwrap_or_default(),
             ));
+
             let live = Arc::new(Live::default());
             if liveness == Liveness::Agent {
                 live.beat(now, Reported::Ready);
             }
-            entries.push(Entry { key, seq, card, origin, updated_at: now, live });
+            let card = HeldCard::new(&card);
+            let publisher_name = self.publisher_name(self.me);
+            entries.push(Entry { key, seq, card, publisher_name, origin, updated_at: now, live });
         }
         self.store.put_many(&rows).await?;
         let count = entries.len();
@@ -473,7 +503,7 @@ fn release_free_memory() {
     }
 }
 
-fn entry_from_row(row: &Row) -> Option<Entry> {
+fn entry_from_row(row: &Row, names: &PublisherNames) -> Option<Entry> {
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
     let card = AgentCard::from_json(row.card.as_bytes()).ok()?;
@@ -483,7 +513,8 @@ fn entry_from_row(row: &Row) -> Option<Entry> {
     Some(Entry {
         key: RecordKey { agent_id: row.agent_id.clone(), publisher },
         seq: row.seq,
-        card,
+        card: HeldCard::new(&card),
+        publisher_name: names.get(publisher),
         origin,
         updated_at: row.updated_at,
         live: Arc::new(Live::default()),

@@ -192,24 +192,22 @@ fn lifecycle(health: Health, reported: Reported) -> &'static str {
     }
 }
 
+/// An entry as AgentField shows a node: the card's fields plus status.
 fn node_json(e: &Entry, app: &AppState, now: u64) -> Value {
     let health = e.health(now, app.registry.thresholds());
-    let card = &e.card;
-    json!({
-        "id": card.agent_id,
-        "base_url": card.base_url,
-        "version": card.version,
-        "deployment_type": card.deployment_type,
-        "health_status": health.as_str(),
-        "lifecycle_status": lifecycle(health, e.reported()),
-        "last_heartbeat": rfc3339(e.last_heartbeat(now).unwrap_or(e.updated_at)),
-        "registered_at": rfc3339(e.updated_at),
-        "reasoners": card.reasoners,
-        "skills": card.skills,
-        "tags": card.tags,
-        "publisher": e.key.publisher.to_base58(),
-        "local": e.is_local(),
-    })
+    let mut node: Value = serde_json::from_str(e.card.json()).unwrap_or_else(|_| json!({}));
+    if let Some(fields) = node.as_object_mut() {
+        if let Some(id) = fields.remove("agent_id") {
+            fields.insert("id".into(), id);
+        }
+        fields.insert("health_status".into(), health.as_str().into());
+        fields.insert("lifecycle_status".into(), lifecycle(health, e.reported()).into());
+        fields.insert("last_heartbeat".into(), rfc3339(e.last_heartbeat(now).unwrap_or(e.updated_at)).into());
+        fields.insert("registered_at".into(), rfc3339(e.updated_at).into());
+        fields.insert("publisher".into(), e.publisher_name.as_ref().into());
+        fields.insert("local".into(), e.is_local().into());
+    }
+    node
 }
 
 fn node(app: &AppState, id: &str) -> Result<Response, ApiError> {

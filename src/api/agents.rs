@@ -28,19 +28,19 @@ pub struct RecordView<'a> {
     pub health_status: &'static str,
     pub last_heartbeat: Option<String>,
     pub updated_at: String,
-    pub card: &'a AgentCard,
+    pub card: &'a serde_json::value::RawValue,
 }
 
 pub fn record_view<'a>(e: &'a Entry, app: &AppState, now: u64) -> RecordView<'a> {
     RecordView {
         agent_id: &e.key.agent_id,
-        publisher: e.key.publisher.to_base58(),
+        publisher: e.publisher_name.to_string(),
         seq: e.seq,
         local: e.is_local(),
         health_status: e.health(now, app.registry.thresholds()).as_str(),
         last_heartbeat: e.last_heartbeat(now).map(rfc3339),
         updated_at: rfc3339(e.updated_at),
-        card: &e.card,
+        card: e.card.raw(),
     }
 }
 

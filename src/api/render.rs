@@ -1,10 +1,11 @@
-//! One render step per discovery format. Each takes the same [`Selection`] and returns the body bytes.
+//! One render step per discovery format. Each takes the same [`Selection`](crate::query::Selection) and
+//! returns the body bytes. Page hits are read through [`CardRef`](crate::card::held::CardRef), a
+//! zero-copy view of the held card.
 
 pub mod compact;
 pub mod json;
 pub mod xml;
 
-use crate::card::AgentCard;
 use crate::registry::health::Millis;
 
 /// RFC 3339 UTC with milliseconds.
@@ -14,11 +15,11 @@ pub fn rfc3339(ms: Millis) -> String {
 }
 
 /// `<agent_id>:<reasoner_id>`.
-pub fn reasoner_target(card: &AgentCard, reasoner: usize) -> String {
-    format!("{}:{}", card.agent_id, card.reasoners[reasoner].id)
+pub fn reasoner_target(agent_id: &str, reasoner_id: &str) -> String {
+    format!("{agent_id}:{reasoner_id}")
 }
 
 /// `<agent_id>:skill:<skill_id>`.
-pub fn skill_target(card: &AgentCard, skill: usize) -> String {
-    format!("{}:skill:{}", card.agent_id, card.skills[skill].id)
+pub fn skill_target(agent_id: &str, skill_id: &str) -> String {
+    format!("{agent_id}:skill:{skill_id}")
 }

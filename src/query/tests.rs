@@ -126,7 +126,7 @@ fn entry(id: &str, reasoners: &[(&str, &[&str])], skills: &[(&str, &[&str])]) ->
     });
     let card = AgentCard::from_json(json.to_string().as_bytes()).unwrap();
     let key = RecordKey { agent_id: id.to_owned(), publisher: PeerId::random() };
-    Entry::new(key, 1, card, Origin::Local(Liveness::Agent), 0)
+    Entry::new(key, 1, &card, Origin::Local(Liveness::Agent), 0)
 }
 
 fn fixture() -> Vec<Entry> {

@@ -18,29 +18,28 @@ struct Item<'a> {
     id: &'a str,
     agent_id: &'a str,
     target: String,
-    tags: &'a [String],
+    tags: Vec<&'a str>,
 }
 
 pub fn render(sel: &Selection<'_>, now: Millis) -> Vec<u8> {
     let mut response = Response { discovered_at: rfc3339(now), reasoners: Vec::new(), skills: Vec::new() };
     for hit in &sel.page {
-        let card = &hit.entry.card;
-        for &i in &hit.reasoners {
-            let r = &card.reasoners[i];
+        let agent_id = hit.entry.key.agent_id.as_str();
+        // The packed index holds exactly what this format shows: no need to parse the card.
+        for (_, cap) in hit.entry.card.reasoners().enumerate().filter(|(i, _)| hit.reasoners.contains(i)) {
             response.reasoners.push(Item {
-                id: &r.id,
-                agent_id: &card.agent_id,
-                target: reasoner_target(card, i),
-                tags: &r.tags,
+                id: cap.id,
+                agent_id,
+                target: reasoner_target(agent_id, cap.id),
+                tags: cap.tags.collect(),
             });
         }
-        for &i in &hit.skills {
-            let s = &card.skills[i];
+        for (_, cap) in hit.entry.card.skills().enumerate().filter(|(i, _)| hit.skills.contains(i)) {
             response.skills.push(Item {
-                id: &s.id,
-                agent_id: &card.agent_id,
-                target: skill_target(card, i),
-                tags: &s.tags,
+                id: cap.id,
+                agent_id,
+                target: skill_target(agent_id, cap.id),
+                tags: cap.tags.collect(),
             });
         }
     }

@@ -1,10 +1,12 @@
 //! `format=json`: the AgentField discovery response, plus mesh facts as extra keys per agent.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{reasoner_target, rfc3339, skill_target};
-use crate::card::Capability;
+use crate::card::held::{CapRef, CardRef};
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
 
@@ -36,7 +38,7 @@ struct Agent<'a> {
     reasoners: Vec<Cap<'a>>,
     skills: Vec<Cap<'a>>,
     /// PeerId of the node that signed and published the card.
-    publisher: String,
+    publisher: &'a str,
     /// Whether the agent is registered with this node.
     local: bool,
     seq: u64,
@@ -47,13 +49,13 @@ struct Cap<'a> {
     id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    tags: &'a [String],
+    tags: &'a [Cow<'a, str>],
     #[serde(skip_serializing_if = "Option::is_none")]
     input_schema: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output_schema: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    examples: Option<&'a [Box<RawValue>]>,
+    examples: Option<&'a [&'a RawValue]>,
     invocation_target: String,
 }
 
@@ -66,21 +68,20 @@ struct Include {
     examples: bool,
 }
 
-fn cap<'a>(c: &'a Capability, target: String, inc: Include) -> Cap<'a> {
+fn cap<'a>(c: &'a CapRef<'a>, target: String, inc: Include) -> Cap<'a> {
     Cap {
         id: &c.id,
         description: c.description.as_deref().filter(|_| inc.descriptions),
         tags: &c.tags,
-        input_schema: c.input_schema.as_deref().filter(|_| inc.input_schema),
-        output_schema: c.output_schema.as_deref().filter(|_| inc.output_schema),
+        input_schema: c.input_schema.filter(|_| inc.input_schema),
+        output_schema: c.output_schema.filter(|_| inc.output_schema),
         examples: Some(c.examples.as_slice()).filter(|e| inc.examples && !e.is_empty()),
         invocation_target: target,
     }
 }
 
-fn agent<'a>(hit: &Hit<'a>, q: &Query) -> Agent<'a> {
+fn agent<'a>(hit: &'a Hit<'a>, card: &'a CardRef<'a>, q: &Query) -> Agent<'a> {
     let e = hit.entry;
-    let card = &e.card;
     let for_reasoners = Include {
         descriptions: q.include_descriptions,
         input_schema: q.include_input_schema,
@@ -88,6 +89,12 @@ fn agent<'a>(hit: &Hit<'a>, q: &Query) -> Agent<'a> {
         examples: q.include_examples,
     };
     let for_skills = Include { output_schema: false, examples: false, ..for_reasoners };
+    let pick = |list: &'a [CapRef<'a>], at: &'a [usize], target: fn(&str, &str) -> String, inc: Include| {
+        at.iter()
+            .filter_map(|&i| list.get(i))
+            .map(|c| cap(c, target(&card.agent_id, &c.id), inc))
+            .collect::<Vec<_>>()
+    };
     Agent {
         agent_id: &card.agent_id,
         base_url: &card.base_url,
@@ -95,26 +102,23 @@ fn agent<'a>(hit: &Hit<'a>, q: &Query) -> Agent<'a> {
         health_status: hit.health.as_str(),
         deployment_type: &card.deployment_type,
         last_heartbeat: rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at)),
-        reasoners: hit
-            .reasoners
-            .iter()
-            .map(|&i| cap(&card.reasoners[i], reasoner_target(card, i), for_reasoners))
-            .collect(),
-        skills: hit.skills.iter().map(|&i| cap(&card.skills[i], skill_target(card, i), for_skills)).collect(),
-        publisher: e.key.publisher.to_base58(),
+        reasoners: pick(&card.reasoners, &hit.reasoners, reasoner_target, for_reasoners),
+        skills: pick(&card.skills, &hit.skills, skill_target, for_skills),
+        publisher: &e.publisher_name,
         local: e.is_local(),
         seq: e.seq,
     }
 }
 
 pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
+    let views: Vec<CardRef<'_>> = sel.page.iter().map(|h| h.entry.card.view()).collect();
     let response = Response {
         discovered_at: rfc3339(now),
         total_agents: sel.total_agents,
         total_reasoners: sel.total_reasoners,
         total_skills: sel.total_skills,
         pagination: Pagination { limit: q.limit, offset: q.offset, has_more: sel.has_more },
-        capabilities: sel.page.iter().map(|h| agent(h, q)).collect(),
+        capabilities: sel.page.iter().zip(&views).map(|(h, v)| agent(h, v, q)).collect(),
     };
     // Only strings, numbers and already-valid raw JSON: serialisation cannot fail.
     serde_json::to_vec(&response).unwrap_or_default()

@@ -11,7 +11,7 @@ use quick_xml::Writer;
 use serde_json::Value;
 
 use super::{reasoner_target, rfc3339, skill_target};
-use crate::card::Capability;
+use crate::card::held::CapRef;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
 
@@ -98,9 +98,8 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
 
 fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
     let e = hit.entry;
-    let card = &e.card;
+    let card = e.card.view();
     let last = rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at));
-    let publisher = e.key.publisher.to_base58();
     x.start(
         "agent",
         &[
@@ -110,23 +109,23 @@ fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
             ("health_status", hit.health.as_str()),
             ("deployment_type", &card.deployment_type),
             ("last_heartbeat", &last),
-            ("publisher", &publisher),
+            ("publisher", &e.publisher_name),
         ],
     );
     x.start("reasoners", &[]);
-    for &i in &hit.reasoners {
-        capability(x, "reasoner", &card.reasoners[i], &reasoner_target(card, i), q, true);
+    for c in hit.reasoners.iter().filter_map(|&i| card.reasoners.get(i)) {
+        capability(x, "reasoner", c, &reasoner_target(&card.agent_id, &c.id), q, true);
     }
     x.end("reasoners");
     x.start("skills", &[]);
-    for &i in &hit.skills {
-        capability(x, "skill", &card.skills[i], &skill_target(card, i), q, false);
+    for c in hit.skills.iter().filter_map(|&i| card.skills.get(i)) {
+        capability(x, "skill", c, &skill_target(&card.agent_id, &c.id), q, false);
     }
     x.end("skills");
     x.end("agent");
 }
 
-fn capability(x: &mut Xml, name: &str, c: &Capability, target: &str, q: &Query, is_reasoner: bool) {
+fn capability(x: &mut Xml, name: &str, c: &CapRef<'_>, target: &str, q: &Query, is_reasoner: bool) {
     x.start(name, &[("id", &c.id), ("target", target)]);
     if q.include_descriptions {
         if let Some(d) = &c.description {
@@ -139,10 +138,10 @@ fn capability(x: &mut Xml, name: &str, c: &Capability, target: &str, q: &Query, 
     }
     x.end("tags");
     if q.include_input_schema {
-        schema(x, "input_schema", c.input_schema.as_deref());
+        schema(x, "input_schema", c.input_schema);
     }
     if is_reasoner && q.include_output_schema {
-        schema(x, "output_schema", c.output_schema.as_deref());
+        schema(x, "output_schema", c.output_schema);
     }
     if is_reasoner && q.include_examples && !c.examples.is_empty() {
         x.start("examples", &[]);

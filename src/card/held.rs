@@ -26,6 +26,10 @@ pub struct HeldCard {
     /// `id US tag US tag RS id … GS id US tag …`: reasoners, then skills. Ids and tags never hold
     /// control characters (validation), so the separators cannot occur inside them.
     index: Box<str>,
+    /// Byte offset of the GS between the two parts.
+    split: u32,
+    reasoner_count: u16,
+    skill_count: u16,
 }
 
 impl HeldCard {
@@ -33,8 +37,10 @@ impl HeldCard {
     pub fn new(card: &AgentCard) -> Self {
         let json = String::from_utf8(card.to_json()).unwrap_or_default().into_boxed_str();
         let mut index = String::new();
+        let mut split = 0;
         for (part, list) in [&card.reasoners, &card.skills].into_iter().enumerate() {
             if part == 1 {
+                split = index.len() as u32;
                 index.push(GROUP as char);
             }
             for (i, cap) in list.iter().enumerate() {
@@ -48,7 +54,14 @@ impl HeldCard {
                 }
             }
         }
-        Self { json, index: index.into_boxed_str() }
+        // Validation bounds both counts by MAX_CAPABILITIES and the card by 64 KiB.
+        Self {
+            json,
+            index: index.into_boxed_str(),
+            split,
+            reasoner_count: card.reasoners.len() as u16,
+            skill_count: card.skills.len() as u16,
+        }
     }
 
     /// The canonical JSON text.
@@ -69,12 +82,20 @@ impl HeldCard {
 
     /// The reasoners, in card order, as packed index records.
     pub fn reasoners(&self) -> Caps<'_> {
-        Caps::new(self.index.split(GROUP as char).next().unwrap_or(""))
+        Caps::new(self.index.get(..self.split as usize).unwrap_or(""))
     }
 
     /// The skills, in card order, as packed index records.
     pub fn skills(&self) -> Caps<'_> {
-        Caps::new(self.index.split(GROUP as char).nth(1).unwrap_or(""))
+        Caps::new(self.index.get(self.split as usize + 1..).unwrap_or(""))
+    }
+
+    pub fn reasoner_count(&self) -> usize {
+        self.reasoner_count.into()
+    }
+
+    pub fn skill_count(&self) -> usize {
+        self.skill_count.into()
     }
 }
 
@@ -82,15 +103,25 @@ fn empty_object() -> &'static RawValue {
     serde_json::from_str("{}").expect("{} is JSON")
 }
 
+/// Splits `s` at the first `sep` byte. The parts are short (ids and tags), where a plain byte loop beats
+/// `str::split`'s searcher.
+fn cut(s: &str, sep: u8) -> (&str, Option<&str>) {
+    match s.bytes().position(|b| b == sep) {
+        // `sep` is ASCII, so both sides are on char boundaries.
+        Some(at) => (&s[..at], Some(&s[at + 1..])),
+        None => (s, None),
+    }
+}
+
 /// Capabilities of one kind from the packed index.
 #[derive(Clone)]
 pub struct Caps<'a> {
-    rest: Option<std::str::Split<'a, char>>,
+    rest: Option<&'a str>,
 }
 
 impl<'a> Caps<'a> {
     fn new(part: &'a str) -> Self {
-        Self { rest: (!part.is_empty()).then(|| part.split(RECORD as char)) }
+        Self { rest: (!part.is_empty()).then_some(part) }
     }
 }
 
@@ -98,18 +129,33 @@ impl<'a> Iterator for Caps<'a> {
     type Item = CapIndex<'a>;
 
     fn next(&mut self) -> Option<CapIndex<'a>> {
-        self.rest.as_mut()?.next().map(|record| {
-            let mut units = record.split(UNIT as char);
-            let id = units.next().unwrap_or("");
-            CapIndex { id, tags: units }
-        })
+        let (record, rest) = cut(self.rest?, RECORD);
+        self.rest = rest;
+        let (id, tags) = cut(record, UNIT);
+        Some(CapIndex { id, tags: Tags { rest: tags } })
     }
 }
 
 /// One capability's id and tags, borrowed from the index.
 pub struct CapIndex<'a> {
     pub id: &'a str,
-    pub tags: std::str::Split<'a, char>,
+    pub tags: Tags<'a>,
+}
+
+/// A capability's tags, borrowed from the index.
+#[derive(Clone)]
+pub struct Tags<'a> {
+    rest: Option<&'a str>,
+}
+
+impl<'a> Iterator for Tags<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let (tag, rest) = cut(self.rest?, UNIT);
+        self.rest = rest;
+        Some(tag)
+    }
 }
 
 /// Borrowed view of a held card: strings borrow from the JSON unless they had escapes.
@@ -176,6 +222,7 @@ mod tests {
         assert_eq!(r, [("r1".to_owned(), vec!["t1".to_owned(), "t2".to_owned()]), ("r2".to_owned(), vec![])]);
         let s: Vec<&str> = h.skills().map(|c| c.id).collect();
         assert_eq!(s, ["s1"]);
+        assert_eq!((h.reasoner_count(), h.skill_count()), (2, 1));
     }
 
     #[test]

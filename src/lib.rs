@@ -23,3 +23,4 @@ pub mod identity;
 pub mod node;
 pub mod query;
 pub mod registry;
+pub mod wire;

@@ -65,7 +65,8 @@ fn now_ms() -> u64 {
 async fn populate(dir: &Path, agents: usize) -> Registry {
     let identity = Identity::load_or_create(dir).expect("identity");
     let (registry, _) =
-        Registry::open(&dir.join(STORE_DIR), identity.peer_id(), Thresholds::default()).expect("store opens");
+        Registry::open(&dir.join(STORE_DIR), identity.keypair().clone(), Thresholds::default())
+            .expect("store opens");
     let cards: Vec<AgentCard> = (0..agents).map(card).collect();
     for chunk in cards.chunks(1000) {
         registry.bulk_register_local(chunk.to_vec(), Liveness::Node, now_ms()).await.expect("bulk insert");

@@ -160,7 +160,7 @@ mod auth_tests {
     #[tokio::test]
     async fn writes_need_loopback_or_the_key() {
         let dir = tempfile::tempdir().unwrap();
-        let me = crate::identity::Identity::ephemeral().peer_id();
+        let me = crate::identity::Identity::ephemeral().keypair().clone();
         let (registry, _) = Registry::open(dir.path(), me, Thresholds::default()).unwrap();
         let registry = Arc::new(registry);
         let key = "0123456789abcdef-key";

@@ -51,8 +51,9 @@ impl Node {
         let peer_id = identity.peer_id();
         let store_dir = config.data_dir.join(STORE_DIR);
         let thresholds = config.thresholds();
+        let signer = identity.keypair().clone();
         let (registry, report) =
-            tokio::task::spawn_blocking(move || Registry::open(&store_dir, peer_id, thresholds))
+            tokio::task::spawn_blocking(move || Registry::open(&store_dir, signer, thresholds))
                 .await
                 .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");

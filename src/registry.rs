@@ -8,6 +8,7 @@
 //! heartbeat is one atomic store, not a snapshot rebuild.
 
 pub mod health;
+mod remote;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -16,11 +17,27 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use libp2p::identity::PeerId;
+use libp2p::identity::{Keypair, PeerId};
+use tokio::sync::broadcast;
 
 use crate::card::{AgentCard, HeldCard};
 use health::{Health, Millis, Reported, Thresholds};
 use store::{Row, Store, StoreError};
+
+pub use remote::HeartbeatOutcome;
+
+/// Capacity of the local-change channel. A subscriber that falls further behind is told it lagged and
+/// re-announces everything instead.
+pub const CHANGE_CHANNEL: usize = 1024;
+
+/// A change to this node's own agents, for the mesh to announce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalChange {
+    /// A local card was created or updated: announce its current version.
+    Card { agent_id: String },
+    /// A local agent was removed at this seq.
+    Removed { agent_id: String, seq: u64 },
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -106,6 +123,8 @@ pub struct Entry {
     pub card: HeldCard,
     /// The publisher's PeerId as text, shared by every entry of that publisher.
     pub publisher_name: Arc<str>,
+    /// The publisher's signature over this card version (`wire::sign_card`).
+    pub sig: Box<[u8]>,
     pub origin: Origin,
     /// When this node accepted this version of the card.
     pub updated_at: Millis,
@@ -117,7 +136,8 @@ impl Entry {
     pub fn new(key: RecordKey, seq: u64, card: &AgentCard, origin: Origin, updated_at: Millis) -> Self {
         let publisher_name = key.publisher.to_base58().into();
         let card = HeldCard::new(card);
-        Self { key, seq, card, publisher_name, origin, updated_at, live: Arc::new(Live::default()) }
+        let sig = Box::default();
+        Self { key, seq, card, publisher_name, sig, origin, updated_at, live: Arc::new(Live::default()) }
     }
 
     /// Records a sign of life (tests and tooling; the registry goes through `heartbeat_local`).
@@ -183,7 +203,7 @@ impl Snapshot {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Update {
-    Upsert { publisher: PeerId, seq: u64, card: AgentCard, origin: Origin },
+    Upsert { publisher: PeerId, seq: u64, card: AgentCard, origin: Origin, sig: Vec<u8> },
     Remove { publisher: PeerId, agent_id: String, seq: u64 },
 }
 
@@ -222,6 +242,8 @@ pub fn next_local_seq(held: Option<u64>, now: Millis) -> u64 {
 
 pub struct Registry {
     me: PeerId,
+    /// Signs this node's own cards.
+    signer: Keypair,
     store: Store,
     thresholds: Thresholds,
     /// The authoritative map. A tokio mutex because writers hold it across the store flush, which
@@ -230,6 +252,8 @@ pub struct Registry {
     snapshot: ArcSwap<Snapshot>,
     health_epoch: AtomicU64,
     names: PublisherNames,
+    changes: broadcast::Sender<LocalChange>,
+    remote: remote::RemoteState,
 }
 
 /// PeerId text per publisher, computed once and shared by all of its entries.
@@ -254,12 +278,17 @@ pub struct OpenReport {
 impl Registry {
     /// Opens the store under `dir`, re-validates every row and builds the first snapshot. Rows whose card
     /// no longer validates are skipped and counted, never served.
-    pub fn open(dir: &Path, me: PeerId, thresholds: Thresholds) -> Result<(Self, OpenReport), RegistryError> {
+    pub fn open(
+        dir: &Path,
+        signer: Keypair,
+        thresholds: Thresholds,
+    ) -> Result<(Self, OpenReport), RegistryError> {
+        let me = signer.public().to_peer_id();
         let store = Store::open(dir)?;
         let mut report = OpenReport::default();
         let mut map = BTreeMap::new();
         let names = PublisherNames::default();
-        let undecodable = store.load(|row| match entry_from_row(&row, &names) {
+        let undecodable = store.load(|row| match entry_from_row(&row, &names, &signer) {
             Some(entry) => {
                 if entry.is_local() {
                     report.local += 1;
@@ -282,12 +311,15 @@ impl Registry {
         let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
         let registry = Self {
             me,
+            signer,
             store,
             thresholds,
             writer: tokio::sync::Mutex::new(map),
             snapshot: ArcSwap::from_pointee(snapshot),
             health_epoch: AtomicU64::new(0),
             names,
+            changes: broadcast::channel(CHANGE_CHANNEL).0,
+            remote: remote::RemoteState::default(),
         };
         Ok((registry, report))
     }
@@ -333,8 +365,11 @@ impl Registry {
             }
             _ => {
                 let seq = next_local_seq(held.map(|e| e.seq), now);
-                let update = Update::Upsert { publisher: self.me, seq, card, origin };
-                self.apply_locked(&mut map, update, now).await?
+                let sig = self.sign(&card, seq);
+                let update = Update::Upsert { publisher: self.me, seq, card, origin, sig };
+                let applied = self.apply_locked(&mut map, update, now).await?;
+                let _ = self.changes.send(LocalChange::Card { agent_id: key.agent_id.clone() });
+                applied
             }
         };
         if liveness == Liveness::Agent {
@@ -353,12 +388,25 @@ impl Registry {
         let Some(held) = map.get(&key).map(|e| e.seq) else {
             return Err(RegistryError::NotFound(agent_id.to_owned()));
         };
-        let update = Update::Remove {
-            publisher: self.me,
-            agent_id: agent_id.to_owned(),
-            seq: next_local_seq(Some(held), now),
-        };
-        self.apply_locked(&mut map, update, now).await
+        let seq = next_local_seq(Some(held), now);
+        let update = Update::Remove { publisher: self.me, agent_id: agent_id.to_owned(), seq };
+        let applied = self.apply_locked(&mut map, update, now).await?;
+        let _ = self.changes.send(LocalChange::Removed { agent_id: agent_id.to_owned(), seq });
+        Ok(applied)
+    }
+
+    /// Signs a local card at a seq.
+    fn sign(&self, card: &AgentCard, seq: u64) -> Vec<u8> {
+        let json = String::from_utf8(card.to_json()).unwrap_or_default();
+        crate::wire::sign_card(
+            &self.signer,
+            &crate::wire::CardBody { agent_id: card.agent_id.clone(), seq, card: json },
+        )
+    }
+
+    /// Changes to this node's own agents, as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<LocalChange> {
+        self.changes.subscribe()
     }
 
     /// The single door into the view, for local and remote changes alike.
@@ -374,29 +422,39 @@ impl Registry {
         now: Millis,
     ) -> Result<Applied, RegistryError> {
         let applied = match update {
-            Update::Upsert { publisher, seq, card, origin } => {
+            Update::Upsert { publisher, seq, card, origin, sig } => {
                 let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
                 let held = map.get(&key);
-                if !accepts(held.map(|e| e.seq), seq) {
+                if !accepts(held.map(|e| e.seq), seq) || !self.remote.outranks_tombstone(&key, seq) {
                     return Ok(Applied::Stale { held: held.map(|e| e.seq) });
                 }
                 let created = held.is_none();
+                if created && origin == Origin::Remote && !self.remote.admit(publisher) {
+                    return Ok(Applied::Stale { held: None });
+                }
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
                 let card = HeldCard::new(&card);
+                let pub_bytes = publisher.to_bytes();
                 let row = Row::new(
-                    publisher.to_bytes(),
+                    &pub_bytes,
                     key.agent_id.clone(),
                     seq,
                     origin.to_u8(),
                     now,
                     card.json().to_owned(),
+                    &sig,
                 );
-                self.store.put(&row).await?;
+                if let Err(e) = self.store.put(&row).await {
+                    if created && origin == Origin::Remote {
+                        self.remote.release(publisher);
+                    }
+                    return Err(e.into());
+                }
                 let publisher_name = self.publisher_name(publisher);
-                map.insert(
-                    key.clone(),
-                    Arc::new(Entry { key, seq, card, publisher_name, origin, updated_at: now, live }),
-                );
+                let sig = sig.into_boxed_slice();
+                let entry =
+                    Entry { key: key.clone(), seq, card, publisher_name, sig, origin, updated_at: now, live };
+                map.insert(key, Arc::new(entry));
                 if created {
                     Applied::Created { seq }
                 } else {
@@ -410,7 +468,12 @@ impl Registry {
                     return Ok(Applied::Stale { held });
                 }
                 self.store.remove(&key.agent_id, &publisher.to_bytes()).await?;
-                map.remove(&key);
+                if let Some(e) = map.remove(&key) {
+                    if e.origin == Origin::Remote {
+                        self.remote.release(publisher);
+                    }
+                }
+                self.remote.remember_tombstone(key, seq, now);
                 Applied::Removed { seq }
             }
         };
@@ -460,13 +523,16 @@ impl Registry {
         for card in cards {
             let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
+            let sig = self.sign(&card, seq);
+            let json = String::from_utf8(card.to_json()).unwrap_or_default();
             rows.push(Row::new(
-                self.me.to_bytes(),
+                &self.me.to_bytes(),
                 key.agent_id.clone(),
                 seq,
                 origin.to_u8(),
                 now,
-                String::from_utf8(card.to_json()).unwrap_or_default(),
+                json,
+                &sig,
             ));
 
             let live = Arc::new(Live::default());
@@ -475,11 +541,13 @@ impl Registry {
             }
             let card = HeldCard::new(&card);
             let publisher_name = self.publisher_name(self.me);
-            entries.push(Entry { key, seq, card, publisher_name, origin, updated_at: now, live });
+            let sig = sig.into_boxed_slice();
+            entries.push(Entry { key, seq, card, publisher_name, sig, origin, updated_at: now, live });
         }
         self.store.put_many(&rows).await?;
         let count = entries.len();
         for entry in entries {
+            let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });
             map.insert(entry.key.clone(), Arc::new(entry));
         }
         self.publish(&map);
@@ -503,18 +571,31 @@ fn release_free_memory() {
     }
 }
 
-fn entry_from_row(row: &Row, names: &PublisherNames) -> Option<Entry> {
+/// Rebuilds an entry from its row, re-validating the card and re-verifying the publisher's signature.
+/// A local card whose signature does not verify (a store written before cards were signed) is signed
+/// again by `signer`; a remote one is refused.
+fn entry_from_row(row: &Row, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
     let card = AgentCard::from_json(row.card.as_bytes()).ok()?;
     if card.agent_id != row.agent_id {
         return None;
     }
+    let body = crate::wire::CardBody { agent_id: row.agent_id.clone(), seq: row.seq, card: row.card.clone() };
+    let mut sig = row.sig.to_vec();
+    if card.to_json() != row.card.as_bytes() || !crate::wire::verify_card(&publisher, &body, &sig) {
+        if origin == Origin::Remote || publisher != signer.public().to_peer_id() {
+            return None;
+        }
+        let canonical = crate::wire::CardBody { card: String::from_utf8(card.to_json()).ok()?, ..body };
+        sig = crate::wire::sign_card(signer, &canonical);
+    }
     Some(Entry {
         key: RecordKey { agent_id: row.agent_id.clone(), publisher },
         seq: row.seq,
         card: HeldCard::new(&card),
         publisher_name: names.get(publisher),
+        sig: sig.into_boxed_slice(),
         origin,
         updated_at: row.updated_at,
         live: Arc::new(Live::default()),

@@ -185,6 +185,11 @@ pub fn sign_card(key: &Keypair, body: &CardBody) -> Vec<u8> {
     key.sign(&signing_input(Kind::Card, &cbor(body))).unwrap_or_default()
 }
 
+/// Does `sig` verify as `publisher`'s signature over this card body?
+pub fn verify_card(publisher: &PeerId, body: &CardBody, sig: &[u8]) -> bool {
+    public_key(publisher).is_some_and(|key| key.verify(&signing_input(Kind::Card, &cbor(body)), sig))
+}
+
 pub fn seal_heartbeat(key: &Keypair, body: &HeartbeatBody) -> Vec<u8> {
     seal(key, Kind::Heartbeat, cbor(body))
 }

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 
 use crate::defaults::SLED_CACHE_BYTES;
 
@@ -28,26 +29,39 @@ pub enum StoreError {
 pub struct Row {
     pub version: u8,
     /// PeerId bytes of the publisher.
-    pub publisher: Vec<u8>,
+    pub publisher: ByteBuf,
     pub agent_id: String,
     pub seq: u64,
     /// 0 remote, 1 local with its own heartbeats, 2 local vouched for by this node.
     pub origin: u8,
     pub updated_at: u64,
-    /// The card as compact JSON.
+    /// The card as canonical compact JSON: the text the publisher signed.
     pub card: String,
+    /// The publisher's signature over the card message (see `wire`).
+    #[serde(default)]
+    pub sig: ByteBuf,
 }
 
 impl Row {
     pub fn new(
-        publisher: Vec<u8>,
+        publisher: &[u8],
         agent_id: String,
         seq: u64,
         origin: u8,
         updated_at: u64,
         card: String,
+        sig: &[u8],
     ) -> Self {
-        Self { version: ROW_VERSION, publisher, agent_id, seq, origin, updated_at, card }
+        Self {
+            version: ROW_VERSION,
+            publisher: ByteBuf::from(publisher),
+            agent_id,
+            seq,
+            origin,
+            updated_at,
+            card,
+            sig: ByteBuf::from(sig),
+        }
     }
 
     fn key(&self) -> Vec<u8> {
@@ -140,7 +154,7 @@ mod tests {
     #[tokio::test]
     async fn rows_survive_reopen_and_bad_rows_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        let row = Row::new(vec![1, 2, 3], "a".into(), 7, 1, 42, "{}".into());
+        let row = Row::new(&[1, 2, 3], "a".into(), 7, 1, 42, "{}".into(), &[9; 64]);
         {
             let store = Store::open(dir.path()).unwrap();
             store.put(&row).await.unwrap();

@@ -1,0 +1,375 @@
+//! What the registry does for the mesh: per-publisher limits, tombstones, heartbeats from other nodes,
+//! eviction, and the digest and signed messages that anti-entropy exchanges.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use libp2p::identity::PeerId;
+
+use super::health::{Health, Millis, Reported};
+use super::{Origin, RecordKey, Registry, RegistryError};
+use crate::wire::{self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
+
+/// Mesh bookkeeping that lives beside the view, in memory only.
+#[derive(Default)]
+pub(super) struct RemoteState {
+    /// Records removed recently, with the removal's seq and when: an older card arriving later (a
+    /// replay, or a slow path through the mesh) must not bring the agent back.
+    tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
+    /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`.
+    counts: Mutex<HashMap<PeerId, usize>>,
+    /// `sent_at` of the newest heartbeat seen per publisher: older or equal ones are replays.
+    last_heartbeat: Mutex<HashMap<PeerId, u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RemoteState {
+    pub(super) fn outranks_tombstone(&self, key: &RecordKey, seq: u64) -> bool {
+        lock(&self.tombstones).get(key).is_none_or(|&(removed, _)| seq > removed)
+    }
+
+    pub(super) fn remember_tombstone(&self, key: RecordKey, seq: u64, now: Millis) {
+        let mut tombstones = lock(&self.tombstones);
+        let slot = tombstones.entry(key).or_insert((seq, now));
+        if seq >= slot.0 {
+            *slot = (seq, now);
+        }
+    }
+
+    /// Counts a new record of `publisher`; false when the publisher is at its limit.
+    pub(super) fn admit(&self, publisher: PeerId) -> bool {
+        let mut counts = lock(&self.counts);
+        let count = counts.entry(publisher).or_default();
+        if *count >= MAX_AGENTS_PER_PUBLISHER {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    pub(super) fn release(&self, publisher: PeerId) {
+        let mut counts = lock(&self.counts);
+        if let Some(count) = counts.get_mut(&publisher) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&publisher);
+            }
+        }
+    }
+}
+
+/// What a remote heartbeat did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// Agents it refreshed.
+    pub refreshed: usize,
+    /// Agents it names at a seq this node lacks: pull their cards from the sender.
+    pub missing: Vec<String>,
+    /// An older or repeated heartbeat: ignored.
+    pub replayed: bool,
+}
+
+impl Registry {
+    /// Applies a verified heartbeat of `publisher`, received at `now` (this node's clock: liveness never
+    /// depends on the publisher's clock, only the ordering of its heartbeats does).
+    pub fn remote_heartbeat(&self, publisher: PeerId, body: &HeartbeatBody, now: Millis) -> HeartbeatOutcome {
+        let mut outcome = HeartbeatOutcome::default();
+        if publisher == self.me {
+            return outcome;
+        }
+        {
+            let mut last = lock(&self.remote.last_heartbeat);
+            let seen = last.entry(publisher).or_default();
+            if body.sent_at <= *seen {
+                outcome.replayed = true;
+                return outcome;
+            }
+            *seen = body.sent_at;
+        }
+        let snapshot = self.snapshot();
+        let mut changed = false;
+        for agent in &body.agents {
+            let held =
+                snapshot.by_agent_id(&agent.agent_id).into_iter().find(|e| e.key.publisher == publisher);
+            match held {
+                Some(entry) if entry.seq >= agent.seq => {
+                    let before = entry.health(now, &self.thresholds);
+                    entry.live.beat(now, agent.reported);
+                    changed |= entry.health(now, &self.thresholds) != before;
+                    outcome.refreshed += 1;
+                }
+                _ => outcome.missing.push(agent.agent_id.clone()),
+            }
+        }
+        if changed {
+            self.health_epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        outcome
+    }
+
+    /// This node's heartbeat: every local agent with its card seq and its state as this node sees it.
+    pub fn local_heartbeat(&self, now: Millis) -> HeartbeatBody {
+        let snapshot = self.snapshot();
+        let agents = snapshot
+            .entries
+            .iter()
+            .filter(|e| e.is_local())
+            .map(|e| HeartbeatAgent {
+                agent_id: e.key.agent_id.clone(),
+                seq: e.seq,
+                reported: match e.health(now, &self.thresholds) {
+                    Health::Active => e.reported(),
+                    Health::Degraded => Reported::Degraded,
+                    Health::Inactive => Reported::Offline,
+                    Health::Unknown => Reported::Starting,
+                },
+            })
+            .collect();
+        HeartbeatBody { sent_at: now, agents }
+    }
+
+    /// Removes every record of `publisher` older than `seq` (the publisher left the mesh).
+    pub async fn remove_publisher(
+        &self,
+        publisher: PeerId,
+        seq: u64,
+        now: Millis,
+    ) -> Result<usize, RegistryError> {
+        if publisher == self.me {
+            return Ok(0);
+        }
+        let mut map = self.writer.lock().await;
+        let doomed: Vec<RecordKey> = map
+            .values()
+            .filter(|e| e.key.publisher == publisher && e.seq < seq)
+            .map(|e| e.key.clone())
+            .collect();
+        for key in &doomed {
+            let agent_id = key.agent_id.clone();
+            self.apply_locked(&mut map, super::Update::Remove { publisher, agent_id, seq }, now).await?;
+        }
+        lock(&self.remote.last_heartbeat).remove(&publisher);
+        Ok(doomed.len())
+    }
+
+    /// Drops remote records not heard of for `evict_after`, and tombstones older than that.
+    pub async fn evict(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
+        let horizon = now.saturating_sub(evict_after.as_millis() as u64);
+        lock(&self.remote.tombstones).retain(|_, &mut (_, at)| at >= horizon);
+        let snapshot = self.snapshot();
+        let stale: Vec<(RecordKey, u64)> = snapshot
+            .entries
+            .iter()
+            .filter(|e| e.origin == Origin::Remote && e.live.last().unwrap_or(e.updated_at) < horizon)
+            .map(|e| (e.key.clone(), e.seq))
+            .collect();
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        let mut map = self.writer.lock().await;
+        let mut evicted = 0;
+        for (key, seq) in stale {
+            // Still the same version and still silent: an update that raced this sweep wins.
+            let current =
+                map.get(&key).filter(|e| e.seq == seq && e.live.last().unwrap_or(e.updated_at) < horizon);
+            if current.is_some() {
+                self.store.remove(&key.agent_id, &key.publisher.to_bytes()).await?;
+                map.remove(&key);
+                self.remote.release(key.publisher);
+                evicted += 1;
+            }
+        }
+        if evicted > 0 {
+            self.publish(&map);
+        }
+        Ok(evicted)
+    }
+
+    /// `(publisher, agent_id, seq)` of every record held: what anti-entropy compares.
+    pub fn digest(&self) -> Vec<(PeerId, String, u64)> {
+        self.snapshot().entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq)).collect()
+    }
+
+    /// The signed card message of a record, exactly as its publisher made it.
+    pub fn signed_card(&self, key: &RecordKey) -> Option<Vec<u8>> {
+        let snapshot = self.snapshot();
+        let entry =
+            snapshot.by_agent_id(&key.agent_id).into_iter().find(|e| e.key.publisher == key.publisher)?;
+        let body = CardBody {
+            agent_id: entry.key.agent_id.clone(),
+            seq: entry.seq,
+            card: entry.card.json().to_owned(),
+        };
+        Some(wire::reseal_card(entry.key.publisher, &body, entry.sig.to_vec()))
+    }
+
+    /// Signed messages for every record held that `theirs` lacks or holds at an older seq.
+    pub fn newer_than(&self, theirs: &HashMap<(PeerId, String), u64>) -> Vec<Vec<u8>> {
+        let snapshot = self.snapshot();
+        snapshot
+            .entries
+            .iter()
+            .filter(|e| theirs.get(&(e.key.publisher, e.key.agent_id.clone())).is_none_or(|&seq| seq < e.seq))
+            .map(|e| {
+                let body =
+                    CardBody { agent_id: e.key.agent_id.clone(), seq: e.seq, card: e.card.json().to_owned() };
+                wire::reseal_card(e.key.publisher, &body, e.sig.to_vec())
+            })
+            .collect()
+    }
+
+    /// Number of records per derived health, for status.
+    pub fn health_counts(&self, now: Millis) -> HashMap<Health, usize> {
+        let mut counts = HashMap::new();
+        for e in &self.snapshot().entries {
+            *counts.entry(e.health(now, &self.thresholds)).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::card::AgentCard;
+    use crate::registry::health::Thresholds;
+    use crate::registry::{Applied, Liveness, Update};
+    use libp2p::identity::Keypair;
+
+    fn card(id: &str, version: &str) -> AgentCard {
+        let json = format!(
+            r#"{{"agent_id":"{id}","base_url":"http://127.0.0.1:1","version":"{version}","skills":[{{"id":"s"}}]}}"#
+        );
+        AgentCard::from_json(json.as_bytes()).unwrap()
+    }
+
+    fn signed(key: &Keypair, card: &AgentCard, seq: u64) -> Update {
+        let body = CardBody {
+            agent_id: card.agent_id.clone(),
+            seq,
+            card: String::from_utf8(card.to_json()).unwrap(),
+        };
+        let sig = wire::sign_card(key, &body);
+        Update::Upsert {
+            publisher: key.public().to_peer_id(),
+            seq,
+            card: card.clone(),
+            origin: Origin::Remote,
+            sig,
+        }
+    }
+
+    fn registry(dir: &std::path::Path) -> Registry {
+        Registry::open(dir, Keypair::generate_ed25519(), Thresholds::default()).unwrap().0
+    }
+
+    #[tokio::test]
+    async fn remote_cards_follow_seq_and_tombstones() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        assert_eq!(
+            r.apply(signed(&peer, &card("a", "1"), 10), 0).await.unwrap(),
+            Applied::Created { seq: 10 }
+        );
+        assert_eq!(
+            r.apply(signed(&peer, &card("a", "0"), 9), 0).await.unwrap(),
+            Applied::Stale { held: Some(10) }
+        );
+        assert_eq!(
+            r.apply(signed(&peer, &card("a", "1"), 10), 0).await.unwrap(),
+            Applied::Stale { held: Some(10) }
+        );
+        let remove = Update::Remove { publisher: p, agent_id: "a".into(), seq: 11 };
+        assert_eq!(r.apply(remove, 0).await.unwrap(), Applied::Removed { seq: 11 });
+        assert_eq!(
+            r.apply(signed(&peer, &card("a", "1"), 10), 0).await.unwrap(),
+            Applied::Stale { held: None },
+            "replay after removal"
+        );
+        assert_eq!(
+            r.apply(signed(&peer, &card("a", "2"), 12), 0).await.unwrap(),
+            Applied::Created { seq: 12 }
+        );
+        // The same agent id from another publisher is another record.
+        let other = Keypair::generate_ed25519();
+        assert_eq!(
+            r.apply(signed(&other, &card("a", "9"), 1), 0).await.unwrap(),
+            Applied::Created { seq: 1 }
+        );
+        assert_eq!(r.snapshot().by_agent_id("a").len(), 2);
+        // The signed message is re-created exactly and verifies.
+        let key = RecordKey { agent_id: "a".into(), publisher: p };
+        let msg = r.signed_card(&key).unwrap();
+        assert_eq!(wire::open(&msg).unwrap().publisher, p);
+    }
+
+    #[tokio::test]
+    async fn heartbeats_refresh_report_missing_and_ignore_replays() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        let t = *r.thresholds();
+        let entry = || r.snapshot().by_agent_id("a")[0].clone();
+        assert_eq!(entry().health(1_000, &t), Health::Unknown);
+        let hb = |sent_at, seq| HeartbeatBody {
+            sent_at,
+            agents: vec![
+                HeartbeatAgent { agent_id: "a".into(), seq, reported: Reported::Ready },
+                HeartbeatAgent { agent_id: "b".into(), seq: 1, reported: Reported::Ready },
+            ],
+        };
+        let out = r.remote_heartbeat(p, &hb(100, 5), 1_000);
+        assert_eq!((out.refreshed, out.missing.clone(), out.replayed), (1, vec!["b".to_owned()], false));
+        assert_eq!(entry().health(1_000, &t), Health::Active);
+        assert!(r.remote_heartbeat(p, &hb(100, 5), 2_000).replayed, "same sent_at");
+        assert!(r.remote_heartbeat(p, &hb(99, 5), 2_000).replayed, "older sent_at");
+        assert_eq!(entry().health(1_000 + t.degraded_after.as_millis() as u64, &t), Health::Degraded);
+        let out = r.remote_heartbeat(p, &hb(101, 6), 3_000);
+        assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
+    }
+
+    #[tokio::test]
+    async fn silent_remote_records_are_evicted_and_local_ones_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        r.apply(signed(&peer, &card("a", "1"), 5), 1_000).await.unwrap();
+        r.register_local(card("mine", "1"), Liveness::Agent, 1_000).await.unwrap();
+        let after = Duration::from_secs(60);
+        assert_eq!(r.evict(50_000, after).await.unwrap(), 0);
+        assert_eq!(r.evict(62_000, after).await.unwrap(), 1);
+        let ids: Vec<_> = r.snapshot().entries.iter().map(|e| e.key.agent_id.clone()).collect();
+        assert_eq!(ids, ["mine"]);
+    }
+
+    #[tokio::test]
+    async fn reopening_reverifies_remote_signatures() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let peer = Keypair::generate_ed25519();
+        {
+            let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+            r.apply(signed(&peer, &card("good", "1"), 5), 0).await.unwrap();
+            let mut forged = signed(&peer, &card("forged", "1"), 5);
+            if let Update::Upsert { sig, .. } = &mut forged {
+                sig[0] ^= 1;
+            }
+            // The registry trusts its callers (the mesh verifies first); the store keeps what it got.
+            r.apply(forged, 0).await.unwrap();
+            r.register_local(card("mine", "1"), Liveness::Node, 0).await.unwrap();
+        }
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        let ids: Vec<_> = r.snapshot().entries.iter().map(|e| e.key.agent_id.clone()).collect();
+        assert_eq!(ids, ["good", "mine"]);
+        assert_eq!((report.local, report.remote, report.unreadable), (1, 1, 1));
+    }
+}

@@ -38,6 +38,8 @@ pub struct AppState {
     /// Lets non-loopback clients write. `None`: only loopback clients may write.
     pub api_key: Option<Arc<str>>,
     pub started: Instant,
+    /// The mesh, when this node runs one.
+    pub net: Option<crate::net::NetHandle>,
 }
 
 impl AppState {
@@ -48,7 +50,13 @@ impl AppState {
             discovery_permits: Arc::new(tokio::sync::Semaphore::new(DISCOVERY_CONCURRENCY)),
             api_key: api_key.map(Into::into),
             started: Instant::now(),
+            net: None,
         }
+    }
+
+    pub fn with_net(mut self, net: crate::net::NetHandle) -> Self {
+        self.net = Some(net);
+        self
     }
 }
 
@@ -74,6 +82,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/agents/{id}", get(agents::get))
         .route("/api/v1/nodes", get(agentfield::list_nodes))
         .route("/api/v1/nodes/{id}", get(agentfield::get_node))
+        .route("/api/v1/mesh/status", get(mesh_status))
+        .route("/api/v1/mesh/peers", get(mesh_peers))
         .merge(writes)
         .fallback(|| async { ApiError::NotFound("route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -91,6 +101,20 @@ async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
         "local_agents": snapshot.entries.iter().filter(|e| e.is_local()).count(),
         "uptime_seconds": app.started.elapsed().as_secs(),
     }))
+}
+
+fn mesh(app: &AppState) -> Result<&crate::net::NetHandle, ApiError> {
+    app.net.as_ref().ok_or_else(|| ApiError::NotFound("mesh (this node runs none)".into()))
+}
+
+async fn mesh_status(State(app): State<AppState>) -> Result<Response, ApiError> {
+    let status = mesh(&app)?.status().await.map_err(|e| ApiError::internal(&e))?;
+    Ok(Json(status).into_response())
+}
+
+async fn mesh_peers(State(app): State<AppState>) -> Result<Response, ApiError> {
+    let peers = mesh(&app)?.peers().await.map_err(|e| ApiError::internal(&e))?;
+    Ok(Json(json!({"peers": peers, "count": peers.len()})).into_response())
 }
 
 /// Lets a write through when the client is on loopback or presents the API key (`X-API-Key` or

@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod defaults;
 pub mod identity;
+pub mod net;
 pub mod node;
 pub mod query;
 pub mod registry;

@@ -14,6 +14,7 @@ use crate::card::{AgentCard, CardError};
 use crate::config::Config;
 use crate::defaults::STORE_DIR;
 use crate::identity::{Identity, IdentityError};
+use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
 
 /// How long shutdown waits for open HTTP requests.
@@ -33,7 +34,12 @@ pub enum NodeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Net(#[from] NetError),
 }
+
+/// How long shutdown waits for the goodbye to leave.
+const LEAVE_GRACE: Duration = Duration::from_secs(2);
 
 /// A running node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
@@ -42,6 +48,8 @@ pub struct Node {
     registry: Arc<Registry>,
     cancel: CancellationToken,
     http: JoinHandle<Result<(), NodeError>>,
+    net: NetHandle,
+    mesh: JoinHandle<()>,
 }
 
 impl Node {
@@ -70,6 +78,18 @@ impl Node {
             tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
         }
 
+        let parse = |list: &[String]| -> Vec<libp2p::Multiaddr> {
+            list.iter().filter_map(|a| a.parse().ok()).collect()
+        };
+        let net_config = NetConfig {
+            listen: parse(&config.listen),
+            bootstrap: parse(&config.bootstrap),
+            mdns: config.mdns,
+            heartbeat_interval: config.heartbeat_interval,
+            evict_after: config.evict_after,
+        };
+        let (net, mesh) = net::spawn(net_config, identity.keypair().clone(), registry.clone()).await?;
+
         let listener = tokio::net::TcpListener::bind(config.http)
             .await
             .map_err(|source| NodeError::Bind { addr: config.http, source })?;
@@ -78,7 +98,7 @@ impl Node {
         if !http_addr.ip().is_loopback() && config.api_key.is_none() {
             tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
         }
-        let app = api::router(AppState::new(registry.clone(), config.api_key.clone()));
+        let app = api::router(AppState::new(registry.clone(), config.api_key.clone()).with_net(net.clone()));
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
         let http = tokio::spawn(async move {
@@ -88,7 +108,7 @@ impl Node {
                 .map_err(NodeError::Serve)
         });
         tracing::info!(%http_addr, %peer_id, "node started");
-        Ok(Self { peer_id, http_addr, registry, cancel, http })
+        Ok(Self { peer_id, http_addr, registry, cancel, http, net, mesh })
     }
 
     pub fn peer_id(&self) -> PeerId {
@@ -104,17 +124,35 @@ impl Node {
         &self.registry
     }
 
+    pub fn net(&self) -> &NetHandle {
+        &self.net
+    }
+
     /// Resolves when a task of the node fails (never for a healthy node).
     pub async fn failed(&mut self) -> NodeError {
-        match (&mut self.http).await {
-            Ok(Err(e)) => e,
-            Ok(Ok(())) => NodeError::Serve(std::io::Error::other("HTTP server stopped")),
-            Err(e) => NodeError::Serve(std::io::Error::other(e)),
+        tokio::select! {
+            http = &mut self.http => match http {
+                Ok(Err(e)) => e,
+                Ok(Ok(())) => NodeError::Serve(std::io::Error::other("HTTP server stopped")),
+                Err(e) => NodeError::Serve(std::io::Error::other(e)),
+            },
+            _ = &mut self.mesh => NodeError::Net(NetError::Stopped),
         }
     }
 
-    /// Stops serving (open requests get a grace period) and flushes the store.
+    /// Stops the node abruptly, as a crash would: no goodbye to the mesh, no flush (tests).
+    pub fn kill(self) {
+        self.mesh.abort();
+        self.http.abort();
+        self.cancel.cancel();
+    }
+
+    /// Says goodbye to the mesh, stops serving (open requests get a grace period) and flushes the store.
     pub async fn shutdown(self) -> Result<(), NodeError> {
+        if tokio::time::timeout(LEAVE_GRACE, self.net.leave()).await.is_err() {
+            tracing::warn!("mesh goodbye timed out");
+        }
+        self.mesh.abort();
         self.cancel.cancel();
         match tokio::time::timeout(SHUTDOWN_GRACE, self.http).await {
             Ok(Ok(result)) => result?,

@@ -284,7 +284,7 @@ impl Registry {
         thresholds: Thresholds,
     ) -> Result<(Self, OpenReport), RegistryError> {
         let me = signer.public().to_peer_id();
-        let store = Store::open(dir)?;
+        let store = Store::reopen(dir)?;
         let mut report = OpenReport::default();
         let mut map = BTreeMap::new();
         let names = PublisherNames::default();
@@ -307,7 +307,7 @@ impl Registry {
         // (measured: about 2x the data). Reopening drops that; the view is already in memory.
         drop(store);
         release_free_memory();
-        let store = Store::open(dir)?;
+        let store = Store::reopen(dir)?;
         let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
         let registry = Self {
             me,

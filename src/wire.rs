@@ -10,13 +10,14 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use crate::card::AgentCard;
-use crate::defaults::{MAX_CAPABILITIES, MAX_CARD_BYTES};
+use crate::defaults::MAX_CAPABILITIES;
 use crate::registry::health::Reported;
 
 /// The only envelope version this node reads and writes.
 pub const WIRE_VERSION: u8 = 1;
-/// Largest message accepted: a maximal card plus envelope overhead. Every node must agree on it.
-pub const MAX_MESSAGE_BYTES: usize = MAX_CARD_BYTES + 4 * 1024;
+/// Largest message accepted: room for a maximal card and for a heartbeat listing `MAX_AGENTS_PER_PUBLISHER`
+/// agents. Every node must agree on it (gossipsub drops whole RPCs over its own limit).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// Most agents one heartbeat may list (and so one publisher may have).
 pub const MAX_AGENTS_PER_PUBLISHER: usize = 4096;
 const _: () = assert!(MAX_CAPABILITIES < MAX_AGENTS_PER_PUBLISHER);

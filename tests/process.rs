@@ -13,7 +13,16 @@ fn runs_serves_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut child = Command::new(BIN)
-        .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
+        .args([
+            "run",
+            "--http",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+        ])
         .arg("--data-dir")
         .arg(&data)
         .env_remove("RUST_LOG")
@@ -64,7 +73,7 @@ fn runs_serves_and_stops_cleanly_on_sigterm() {
 fn an_invalid_setting_is_refused_at_start_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
-        .args(["run", "--http", "127.0.0.1:0", "--degraded-after", "1s"])
+        .args(["run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--degraded-after", "1s"])
         .arg("--data-dir")
         .arg(dir.path())
         .output()

@@ -13,6 +13,9 @@ use crate::defaults::SLED_CACHE_BYTES;
 /// Version of the row format; a row of another version is reported, never misread.
 const ROW_VERSION: u8 = 1;
 const RECORDS_TREE: &str = "records";
+/// How often, and how far apart, `reopen` retries a lock not yet released (2 s in all).
+const REOPEN_ATTEMPTS: u32 = 100;
+const REOPEN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -91,6 +94,27 @@ impl Store {
         Ok(Self { db, records })
     }
 
+    /// Opens a store, waiting briefly for its file lock: sled releases the lock from a background thread
+    /// after the handle is dropped, so a store this process has just closed (a restart in place, the
+    /// reopen after loading) can find it still held. Another live process keeps it, and fails after 2 s.
+    pub fn reopen(dir: &Path) -> Result<Self, StoreError> {
+        let mut attempts = 0;
+        loop {
+            match Self::open(dir) {
+                Err(StoreError::Open { source: sled::Error::Io(e), .. })
+                    if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") =>
+                {
+                    attempts += 1;
+                    if attempts >= REOPEN_ATTEMPTS {
+                        return Self::open(dir);
+                    }
+                    std::thread::sleep(REOPEN_PAUSE);
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Hands every row to `visit`, one at a time, so a large store is never held twice in memory.
     /// A row that does not decode is counted and skipped (and left on disk for inspection); returns
     /// that count.
@@ -161,7 +185,7 @@ mod tests {
             store.records.insert(b"junk", b"not cbor".to_vec()).unwrap();
             store.flush().await.unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path()).unwrap();
         let mut rows = Vec::new();
         assert_eq!(store.load(|r| rows.push(r)).unwrap(), 1, "one unreadable row");
         assert_eq!(rows, vec![row.clone()]);

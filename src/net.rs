@@ -1,0 +1,684 @@
+//! The mesh: one task owns the libp2p swarm (TCP + noise + yamux, DNS; gossipsub, Kademlia, mDNS,
+//! identify, ping, and a request-response sync protocol). Everyone else talks to it through a
+//! [`NetHandle`] over bounded channels.
+//!
+//! Tasks:
+//! - the event loop (this module): swarm events, local changes to announce, timers (heartbeat, sync,
+//!   eviction, redial, Kademlia refresh), commands;
+//! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
+//!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
+
+pub mod ingest;
+pub mod sync;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
+use libp2p::identity::{Keypair, PeerId};
+use libp2p::multiaddr::Protocol;
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{identify, kad, mdns, noise, ping, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
+use serde::Serialize;
+use serde_bytes::ByteBuf;
+use sha2::Digest as _;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{interval, Instant, MissedTickBehavior};
+
+use crate::api::now_millis;
+use crate::api::render::rfc3339;
+use crate::registry::{LocalChange, RecordKey, Registry};
+use crate::wire::{self, TombstoneBody, MAX_MESSAGE_BYTES};
+use ingest::{Inbound, Verdict};
+use sync::{DigestItem, SyncRequest, SyncResponse};
+
+/// Topic of cards and tombstones.
+pub const CARDS_TOPIC: &str = "agentmesh/cards/1";
+/// Topic of heartbeats.
+pub const HEARTBEATS_TOPIC: &str = "agentmesh/heartbeats/1";
+/// Kademlia protocol name: our own, never the IPFS DHT's.
+pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1.0.0";
+const IDENTIFY_PROTOCOL: &str = "/agentmesh/id/1.0.0";
+/// Commands queued for the event loop.
+pub const COMMAND_QUEUE: usize = 64;
+/// Messages queued for verification; when full, further gossip is ignored (not forwarded).
+pub const INGEST_QUEUE: usize = 1024;
+/// How often anti-entropy runs with one random peer (besides on every new connection).
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the Kademlia routing table is refreshed.
+pub const KAD_REFRESH_INTERVAL: Duration = Duration::from_secs(300);
+/// Backoff bounds for redialling bootstrap peers that are not connected.
+pub const REDIAL_MIN: Duration = Duration::from_secs(1);
+pub const REDIAL_MAX: Duration = Duration::from_secs(60);
+/// How long a leaving node keeps polling the swarm so that its goodbye goes out.
+pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
+/// Gossipsub heartbeat (mesh maintenance, gossip emission).
+pub const GOSSIP_HEARTBEAT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot build the libp2p transport: {0}")]
+    Transport(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: Multiaddr, reason: String },
+    #[error("the mesh task has stopped")]
+    Stopped,
+}
+
+/// Settings of the mesh.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    pub listen: Vec<Multiaddr>,
+    pub bootstrap: Vec<Multiaddr>,
+    pub mdns: bool,
+    pub heartbeat_interval: Duration,
+    pub evict_after: Duration,
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    gossipsub: gossipsub::Behaviour,
+    kad: kad::Behaviour<kad::store::MemoryStore>,
+    mdns: Toggle<mdns::tokio::Behaviour>,
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    sync: request_response::cbor::Behaviour<SyncRequest, SyncResponse>,
+}
+
+/// Counters shared by the loop, the ingest worker and status.
+#[derive(Default)]
+pub struct Counters {
+    inner: std::sync::Mutex<CounterState>,
+}
+
+#[derive(Default, Clone, Serialize)]
+pub struct CounterState {
+    pub messages_in: u64,
+    pub messages_out: u64,
+    pub accepted: u64,
+    pub ignored: u64,
+    /// Rejections by reason (`bad_signature`, `too_large`, `not_first_party`, …).
+    pub rejected: BTreeMap<&'static str, u64>,
+    pub signature_failures: u64,
+    pub sync_rounds: u64,
+    pub last_sync_ms: Option<u64>,
+}
+
+impl Counters {
+    pub fn update(&self, f: impl FnOnce(&mut CounterState)) {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    pub fn get(&self) -> CounterState {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// `GET /api/v1/mesh/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub peer_id: String,
+    pub listen_addrs: Vec<String>,
+    pub connected_peers: usize,
+    /// Gossip mesh peers per topic.
+    pub mesh_peers: BTreeMap<String, usize>,
+    pub routing_table_size: usize,
+    pub records: BTreeMap<&'static str, usize>,
+    pub last_sync: Option<String>,
+    pub messages_in: u64,
+    pub messages_out: u64,
+    pub accepted: u64,
+    pub ignored: u64,
+    pub rejected: BTreeMap<&'static str, u64>,
+    pub signature_failures: u64,
+    pub sync_rounds: u64,
+}
+
+/// One connected peer, for `GET /api/v1/mesh/peers`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerInfo {
+    pub peer_id: String,
+    pub addresses: Vec<String>,
+    pub rtt_ms: Option<f64>,
+}
+
+enum Command {
+    Status(oneshot::Sender<Status>),
+    Peers(oneshot::Sender<Vec<PeerInfo>>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// Talks to the mesh task. Cheap to clone.
+#[derive(Clone)]
+pub struct NetHandle {
+    tx: mpsc::Sender<Command>,
+    peer_id: PeerId,
+}
+
+impl NetHandle {
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, NetError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| NetError::Stopped)?;
+        rx.await.map_err(|_| NetError::Stopped)
+    }
+
+    pub async fn status(&self) -> Result<Status, NetError> {
+        self.ask(Command::Status).await
+    }
+
+    pub async fn peers(&self) -> Result<Vec<PeerInfo>, NetError> {
+        self.ask(Command::Peers).await
+    }
+
+    /// Announces that this node leaves (a tombstone for all its agents) and stops the mesh task.
+    pub async fn leave(&self) -> Result<(), NetError> {
+        self.ask(Command::Leave).await
+    }
+}
+
+/// SHA-256 of the data, truncated: the same on every node and every Rust version.
+fn message_id(message: &gossipsub::Message) -> gossipsub::MessageId {
+    let digest = sha2::Sha256::digest(&message.data);
+    gossipsub::MessageId::from(digest[..20].to_vec())
+}
+
+fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>, NetError> {
+    let err = |e: &dyn std::fmt::Display| NetError::Transport(e.to_string());
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair.clone())
+        .with_tokio()
+        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
+        .map_err(|e| err(&e))?
+        .with_dns()
+        .map_err(|e| err(&e))?
+        .with_behaviour(|key| {
+            let peer_id = key.public().to_peer_id();
+            let gossip_config = gossipsub::ConfigBuilder::default()
+                .heartbeat_interval(GOSSIP_HEARTBEAT)
+                .validation_mode(ValidationMode::Strict)
+                .validate_messages()
+                .message_id_fn(message_id)
+                .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let gossipsub =
+                gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
+            let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+            kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
+            let mut kad =
+                kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
+            // On a LAN or a docker network nothing confirms an external address: stay a server.
+            kad.set_mode(Some(kad::Mode::Server));
+            let mdns = if config.mdns {
+                Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?)
+            } else {
+                None
+            };
+            let identify =
+                identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
+            let codec = request_response::cbor::codec::Codec::default()
+                .set_request_size_maximum(sync::MAX_REQUEST_BYTES)
+                .set_response_size_maximum(sync::MAX_RESPONSE_BYTES);
+            let sync = request_response::Behaviour::with_codec(
+                codec,
+                [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
+                request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
+            );
+            Ok(Behaviour {
+                gossipsub,
+                kad,
+                mdns: mdns.into(),
+                identify,
+                ping: ping::Behaviour::default(),
+                sync,
+            })
+        })
+        .map_err(|e| err(&e))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
+        .build();
+    Ok(swarm)
+}
+
+/// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns the tasks.
+pub async fn spawn(
+    config: NetConfig,
+    keypair: Keypair,
+    registry: Arc<Registry>,
+) -> Result<(NetHandle, JoinHandle<()>), NetError> {
+    let mut swarm = build_swarm(&keypair, &config)?;
+    for addr in &config.listen {
+        swarm
+            .listen_on(addr.clone())
+            .map_err(|e| NetError::Listen { addr: addr.clone(), reason: e.to_string() })?;
+    }
+    let cards = IdentTopic::new(CARDS_TOPIC);
+    let heartbeats = IdentTopic::new(HEARTBEATS_TOPIC);
+    for topic in [&cards, &heartbeats] {
+        swarm.behaviour_mut().gossipsub.subscribe(topic).map_err(|e| NetError::Transport(e.to_string()))?;
+    }
+    let peer_id = *swarm.local_peer_id();
+    let (tx, commands) = mpsc::channel(COMMAND_QUEUE);
+    let (ingest_tx, ingest_rx) = mpsc::channel(INGEST_QUEUE);
+    let (verdict_tx, verdicts) = mpsc::channel(INGEST_QUEUE);
+    let counters = Arc::new(Counters::default());
+    tokio::spawn(ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), peer_id));
+    let bootstrap = config
+        .bootstrap
+        .iter()
+        .map(|addr| Bootstrap {
+            addr: addr.clone(),
+            peer: peer_of(addr),
+            next: Instant::now(),
+            backoff: REDIAL_MIN,
+        })
+        .collect();
+    let changes = registry.subscribe();
+    let event_loop = EventLoop {
+        swarm,
+        keypair,
+        registry,
+        config,
+        commands,
+        ingest: ingest_tx,
+        verdicts,
+        changes,
+        counters,
+        bootstrap,
+        cards,
+        heartbeats,
+        rtts: HashMap::new(),
+        addrs: HashMap::new(),
+        listen_addrs: Vec::new(),
+    };
+    let task = tokio::spawn(event_loop.run());
+    Ok((NetHandle { tx, peer_id }, task))
+}
+
+fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().find_map(|p| match p {
+        Protocol::P2p(peer) => Some(peer),
+        _ => None,
+    })
+}
+
+struct Bootstrap {
+    addr: Multiaddr,
+    peer: Option<PeerId>,
+    next: Instant,
+    backoff: Duration,
+}
+
+struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    keypair: Keypair,
+    registry: Arc<Registry>,
+    config: NetConfig,
+    commands: mpsc::Receiver<Command>,
+    ingest: mpsc::Sender<Inbound>,
+    verdicts: mpsc::Receiver<Verdict>,
+    changes: broadcast::Receiver<LocalChange>,
+    counters: Arc<Counters>,
+    bootstrap: Vec<Bootstrap>,
+    cards: IdentTopic,
+    heartbeats: IdentTopic,
+    rtts: HashMap<PeerId, Duration>,
+    addrs: HashMap<PeerId, HashSet<Multiaddr>>,
+    listen_addrs: Vec<Multiaddr>,
+}
+
+impl EventLoop {
+    async fn run(mut self) {
+        let mut heartbeat = interval(self.config.heartbeat_interval);
+        let mut sync = interval(SYNC_INTERVAL);
+        let mut redial = interval(REDIAL_MIN);
+        for timer in [&mut heartbeat, &mut sync, &mut redial] {
+            timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                Some(verdict) = self.verdicts.recv() => self.on_verdict(verdict),
+                change = self.changes.recv() => self.on_local_change(change),
+                command = self.commands.recv() => match command {
+                    Some(Command::Leave(done)) => {
+                        self.leave().await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    Some(command) => self.on_command(command),
+                    None => return,
+                },
+                _ = heartbeat.tick() => self.on_heartbeat_tick(),
+                _ = sync.tick() => self.sync_with_random_peer(),
+                _ = redial.tick() => self.redial(),
+            }
+        }
+    }
+
+    fn publish(&mut self, topic: &IdentTopic, data: Vec<u8>) {
+        match self.swarm.behaviour_mut().gossipsub.publish(topic.clone(), data) {
+            Ok(_) => self.counters.update(|c| c.messages_out += 1),
+            // No peer yet, or none subscribed: anti-entropy delivers it on the next connection.
+            Err(error) => tracing::debug!(topic = %topic, %error, "not published"),
+        }
+    }
+
+    fn on_local_change(&mut self, change: Result<LocalChange, broadcast::error::RecvError>) {
+        let me = *self.swarm.local_peer_id();
+        match change {
+            Ok(LocalChange::Card { agent_id }) => {
+                if let Some(msg) = self.registry.signed_card(&RecordKey { agent_id, publisher: me }) {
+                    self.publish(&self.cards.clone(), msg);
+                }
+            }
+            Ok(LocalChange::Removed { agent_id, seq }) => {
+                let msg =
+                    wire::seal_tombstone(&self.keypair, &TombstoneBody { agent_id: Some(agent_id), seq });
+                self.publish(&self.cards.clone(), msg);
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "local change feed lagged; re-announcing every local card");
+                for entry in self.registry.snapshot().entries.iter().filter(|e| e.is_local()) {
+                    if let Some(msg) = self.registry.signed_card(&entry.key) {
+                        self.publish(&self.cards.clone(), msg);
+                    }
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => {}
+        }
+    }
+
+    fn on_heartbeat_tick(&mut self) {
+        let now = now_millis();
+        let body = self.registry.local_heartbeat(now);
+        let msg = wire::seal_heartbeat(&self.keypair, &body);
+        self.publish(&self.heartbeats.clone(), msg);
+        let registry = self.registry.clone();
+        let evict_after = self.config.evict_after;
+        tokio::spawn(async move {
+            match registry.evict(now, evict_after).await {
+                Ok(0) => {}
+                Ok(evicted) => tracing::info!(evicted, "evicted silent remote agents"),
+                Err(error) => tracing::warn!(%error, "eviction failed"),
+            }
+        });
+    }
+
+    fn digest(&self) -> Vec<DigestItem> {
+        self.registry
+            .digest()
+            .into_iter()
+            .map(|(publisher, agent_id, seq)| DigestItem {
+                publisher: ByteBuf::from(publisher.to_bytes()),
+                agent_id,
+                seq,
+            })
+            .collect()
+    }
+
+    fn request_sync(&mut self, peer: PeerId) {
+        let request = SyncRequest::Digest(self.digest());
+        self.swarm.behaviour_mut().sync.send_request(&peer, request);
+    }
+
+    fn sync_with_random_peer(&mut self) {
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        if peers.is_empty() {
+            return;
+        }
+        let pick = peers[rand::random_range(0..peers.len())];
+        self.request_sync(pick);
+    }
+
+    fn redial(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.bootstrap.len() {
+            let b = &self.bootstrap[i];
+            if b.next > now || b.peer.is_some_and(|p| self.swarm.is_connected(&p)) {
+                continue;
+            }
+            let addr = b.addr.clone();
+            let opts = match b.peer {
+                Some(peer) => DialOpts::peer_id(peer)
+                    .addresses(vec![addr.clone()])
+                    .condition(PeerCondition::DisconnectedAndNotDialing)
+                    .build(),
+                None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
+            };
+            if let Err(error) = self.swarm.dial(opts) {
+                tracing::debug!(%addr, %error, "bootstrap dial not started");
+            }
+            let b = &mut self.bootstrap[i];
+            b.next = now + b.backoff;
+            b.backoff = (b.backoff * 2).min(REDIAL_MAX);
+        }
+    }
+
+    fn on_verdict(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Validate { message_id, source, acceptance } => {
+                self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                    &message_id,
+                    &source,
+                    acceptance,
+                );
+            }
+            Verdict::Pull { from, publisher, agent_ids } => {
+                // Ask the publisher itself when connected: it surely holds its newest cards.
+                let peer = if self.swarm.is_connected(&publisher) { publisher } else { from };
+                let request = SyncRequest::Pull { publisher: ByteBuf::from(publisher.to_bytes()), agent_ids };
+                self.swarm.behaviour_mut().sync.send_request(&peer, request);
+            }
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Command::Peers(reply) => {
+                let peers = self
+                    .swarm
+                    .connected_peers()
+                    .map(|p| PeerInfo {
+                        peer_id: p.to_base58(),
+                        addresses: self
+                            .addrs
+                            .get(p)
+                            .map(|a| a.iter().map(ToString::to_string).collect())
+                            .unwrap_or_default(),
+                        rtt_ms: self.rtts.get(p).map(|d| d.as_secs_f64() * 1e3),
+                    })
+                    .collect();
+                let _ = reply.send(peers);
+            }
+            Command::Leave(_) => {}
+        }
+    }
+
+    fn status(&mut self) -> Status {
+        let counters = self.counters.get();
+        let gossip = &self.swarm.behaviour().gossipsub;
+        let mesh_peers = [&self.cards, &self.heartbeats]
+            .into_iter()
+            .map(|t| (t.to_string(), gossip.mesh_peers(&t.hash()).count()))
+            .collect();
+        let routing_table_size =
+            self.swarm.behaviour_mut().kad.kbuckets().map(|bucket| bucket.num_entries()).sum();
+        let records = self
+            .registry
+            .health_counts(now_millis())
+            .into_iter()
+            .map(|(health, n)| (health.as_str(), n))
+            .collect();
+        Status {
+            peer_id: self.swarm.local_peer_id().to_base58(),
+            listen_addrs: self.listen_addrs.iter().map(ToString::to_string).collect(),
+            connected_peers: self.swarm.connected_peers().count(),
+            mesh_peers,
+            routing_table_size,
+            records,
+            last_sync: counters.last_sync_ms.map(rfc3339),
+            messages_in: counters.messages_in,
+            messages_out: counters.messages_out,
+            accepted: counters.accepted,
+            ignored: counters.ignored,
+            rejected: counters.rejected,
+            signature_failures: counters.signature_failures,
+            sync_rounds: counters.sync_rounds,
+        }
+    }
+
+    /// Publishes a goodbye for every local agent, then keeps the swarm running briefly so it leaves.
+    async fn leave(&mut self) {
+        let body = TombstoneBody { agent_id: None, seq: now_millis() };
+        let msg = wire::seal_tombstone(&self.keypair, &body);
+        self.publish(&self.cards.clone(), msg);
+        let deadline = tokio::time::sleep(LEAVE_FLUSH);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+            }
+        }
+        tracing::info!("left the mesh");
+    }
+
+    fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                tracing::info!(%address, "mesh listening");
+                self.listen_addrs.push(address);
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => self.listen_addrs.retain(|a| a != &address),
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
+                let addr = endpoint.get_remote_address().clone();
+                self.addrs.entry(peer_id).or_default().insert(addr.clone());
+                if endpoint.is_dialer() {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                }
+                if let Some(b) = self.bootstrap.iter_mut().find(|b| b.peer == Some(peer_id)) {
+                    b.backoff = REDIAL_MIN;
+                }
+                if num_established.get() == 1 {
+                    tracing::debug!(%peer_id, "peer connected");
+                    self.request_sync(peer_id);
+                }
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
+                tracing::debug!(%peer_id, "peer disconnected");
+                self.rtts.remove(&peer_id);
+                self.addrs.remove(&peer_id);
+            }
+            SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
+            _ => {}
+        }
+    }
+
+    fn on_behaviour_event(&mut self, event: BehaviourEvent) {
+        match event {
+            BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            }) => {
+                self.counters.update(|c| c.messages_in += 1);
+                let inbound = Inbound::Gossip {
+                    message_id: message_id.clone(),
+                    source: propagation_source,
+                    author: message.source,
+                    data: message.data,
+                };
+                if self.ingest.try_send(inbound).is_err() {
+                    self.counters.update(|c| c.ignored += 1);
+                    self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                        &message_id,
+                        &propagation_source,
+                        gossipsub::MessageAcceptance::Ignore,
+                    );
+                }
+            }
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
+                for addr in info.listen_addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                }
+            }
+            BehaviourEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
+                self.rtts.insert(peer, rtt);
+            }
+            BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
+                let me = *self.swarm.local_peer_id();
+                let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
+                for (peer, addr) in found {
+                    by_peer.entry(peer).or_default().push(addr);
+                }
+                for (peer, addrs) in by_peer {
+                    self.swarm.behaviour_mut().kad.add_address(&peer, addrs[0].clone());
+                    // One connection per pair: only the lower PeerId dials.
+                    if me < peer && !self.swarm.is_connected(&peer) {
+                        let opts = DialOpts::peer_id(peer)
+                            .addresses(addrs)
+                            .condition(PeerCondition::DisconnectedAndNotDialing)
+                            .build();
+                        let _ = self.swarm.dial(opts);
+                    }
+                }
+            }
+            BehaviourEvent::Sync(request_response::Event::Message { peer, message, .. }) => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    let response = self.answer(request);
+                    let _ = self.swarm.behaviour_mut().sync.send_response(channel, response);
+                }
+                request_response::Message::Response { response, .. } => {
+                    self.counters.update(|c| {
+                        c.sync_rounds += 1;
+                        c.last_sync_ms = Some(now_millis());
+                    });
+                    if !response.cards.is_empty() {
+                        let inbound = Inbound::Cards { from: peer, cards: response.cards };
+                        if self.ingest.try_send(inbound).is_err() {
+                            tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
+                        }
+                    }
+                }
+            },
+            BehaviourEvent::Sync(request_response::Event::OutboundFailure { peer, error, .. }) => {
+                tracing::debug!(%peer, %error, "sync request failed");
+            }
+            _ => {}
+        }
+    }
+
+    fn answer(&self, request: SyncRequest) -> SyncResponse {
+        let cards = match request {
+            SyncRequest::Digest(items) => {
+                let theirs: HashMap<(PeerId, String), u64> = items
+                    .into_iter()
+                    .filter_map(|i| Some(((PeerId::from_bytes(&i.publisher).ok()?, i.agent_id), i.seq)))
+                    .collect();
+                self.registry.newer_than(&theirs)
+            }
+            SyncRequest::Pull { publisher, agent_ids } => {
+                let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
+                agent_ids
+                    .into_iter()
+                    .filter_map(|agent_id| self.registry.signed_card(&RecordKey { agent_id, publisher }))
+                    .collect()
+            }
+        };
+        SyncResponse {
+            cards: cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect(),
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Anti-entropy over a request-response protocol: compare digests, pull what is missing or newer.
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+/// Protocol name of the sync exchange.
+pub const PROTOCOL: &str = "/agentmesh/sync/1.0.0";
+/// Most card messages in one response; the rest follow on the next round.
+pub const MAX_CARDS_PER_RESPONSE: usize = 2000;
+/// Largest request (a digest of every record: ~70 bytes each) and response accepted.
+pub const MAX_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
+pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// One record as a digest lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DigestItem {
+    pub publisher: ByteBuf,
+    pub agent_id: String,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum SyncRequest {
+    /// "This is everything I hold": answer with what I lack or hold older.
+    Digest(Vec<DigestItem>),
+    /// "Send me these records" (named by a heartbeat I could not match).
+    Pull { publisher: ByteBuf, agent_ids: Vec<String> },
+}
+
+/// Signed card messages, exactly as their publishers made them.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct SyncResponse {
+    pub cards: Vec<ByteBuf>,
+}

@@ -1,0 +1,161 @@
+//! Several real nodes in one process, joined over TCP on 127.0.0.1 by bootstrap addresses (mDNS off).
+
+mod common;
+
+use std::time::Duration;
+
+use agentmesh::config::Config;
+use common::{config, fixture_cards, sdk_registration, TestNode};
+use reqwest::Method;
+use serde_json::Value;
+
+/// A mesh node: ephemeral ports, short intervals so that health changes within a test's patience.
+fn mesh_config(dir: &std::path::Path, bootstrap: Vec<String>) -> Config {
+    Config {
+        listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+        bootstrap,
+        heartbeat_interval: Duration::from_millis(100),
+        degraded_after: Duration::from_millis(600),
+        inactive_after: Duration::from_millis(1200),
+        evict_after: Duration::from_millis(2500),
+        ..config(dir)
+    }
+}
+
+/// The node's first listen address with its PeerId, once it listens.
+async fn dial_addr(n: &TestNode) -> String {
+    let peer = n.node.peer_id();
+    let addr = n
+        .wait_for("a listen address", || async {
+            let (_, status) = n.get("/api/v1/mesh/status").await;
+            status["listen_addrs"][0].as_str().map(str::to_owned)
+        })
+        .await;
+    format!("{addr}/p2p/{peer}")
+}
+
+async fn start(dir: &std::path::Path, bootstrap: Vec<String>) -> TestNode {
+    TestNode::start(mesh_config(dir, bootstrap)).await
+}
+
+async fn health_on(n: &TestNode, id: &str) -> Option<String> {
+    let (status, body) = n.get(&format!("/api/v1/agents/{id}")).await;
+    (status == 200).then(|| body["health_status"].as_str().unwrap_or_default().to_owned())
+}
+
+async fn wait_health(n: &TestNode, id: &str, want: &str) {
+    n.wait_for(&format!("{id} {want}"), || async {
+        (health_on(n, id).await.as_deref() == Some(want)).then_some(())
+    })
+    .await;
+}
+
+async fn wait_gone(n: &TestNode, id: &str) {
+    n.wait_for(&format!("{id} gone"), || async { health_on(n, id).await.is_none().then_some(()) }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_crosses_a_line_of_three_and_its_removal_follows() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;
+    let c = start(dirs[2].path(), vec![dial_addr(&b).await]).await;
+    // Wait until the line is up, so the test measures gossip, not joining.
+    for n in [&b, &c] {
+        n.wait_for("a connected peer", || async {
+            let (_, s) = n.get("/api/v1/mesh/status").await;
+            (s["connected_peers"].as_u64() >= Some(1)
+                && s["mesh_peers"]["agentmesh/cards/1"].as_u64() >= Some(1))
+            .then_some(())
+        })
+        .await;
+    }
+    a.register(&fixture_cards()[0]).await;
+    wait_health(&c, "alpha-research", "active").await;
+    let (_, on_c) =
+        c.get("/api/v1/discovery/capabilities?agent=alpha-research&include_input_schema=true").await;
+    let (_, on_a) =
+        a.get("/api/v1/discovery/capabilities?agent=alpha-research&include_input_schema=true").await;
+    assert_eq!(on_c["capabilities"][0]["reasoners"], on_a["capabilities"][0]["reasoners"]);
+    assert_eq!(on_c["capabilities"][0]["publisher"], a.node.peer_id().to_base58());
+    assert_eq!(on_c["capabilities"][0]["local"], false);
+    // The signed card is served unchanged everywhere: same seq, same card.
+    let (_, rec_a) = a.get("/api/v1/agents/alpha-research").await;
+    let (_, rec_c) = c.get("/api/v1/agents/alpha-research").await;
+    assert_eq!((&rec_a["seq"], &rec_a["card"]), (&rec_c["seq"], &rec_c["card"]));
+    // A remote agent cannot be removed from another node.
+    let (status, _) = c.send(Method::DELETE, "/api/v1/agents/alpha-research", None).await;
+    assert_eq!(status, 403);
+
+    let (status, _) = a.send(Method::DELETE, "/api/v1/agents/alpha-research", None).await;
+    assert_eq!(status, 200);
+    wait_gone(&c, "alpha-research").await;
+    wait_gone(&b, "alpha-research").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_gets_the_full_view_by_sync() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    for card in fixture_cards() {
+        a.register(&card).await;
+    }
+    let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;
+    b.register(&fixture_cards()[1].clone()).await; // the same agent id from another publisher
+                                                   // C joins through B only, after everything was announced: nothing is re-announced for it.
+    let c = start(dirs[2].path(), vec![dial_addr(&b).await]).await;
+    c.wait_for("five records on c", || async {
+        let (_, list) = c.get("/api/v1/agents").await;
+        (list["total"].as_u64() == Some(5)).then_some(())
+    })
+    .await;
+    let (_, body) = c.get("/api/v1/discovery/capabilities?agent=beta-analytics").await;
+    let publishers: Vec<&str> =
+        body["capabilities"].as_array().unwrap().iter().map(|c| c["publisher"].as_str().unwrap()).collect();
+    assert_eq!(publishers.len(), 2, "one entry per publisher: {body}");
+    let (_, status) = c.get("/api/v1/mesh/status").await;
+    assert!(status["sync_rounds"].as_u64() >= Some(1), "{status}");
+    assert!(status["last_sync"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_goes_degraded_inactive_then_evicted_and_a_leaving_one_at_once() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;
+    let c = start(dirs[2].path(), vec![dial_addr(&a).await]).await;
+    a.register(&fixture_cards()[0]).await;
+    b.register(&fixture_cards()[2]).await;
+    wait_health(&c, "alpha-research", "active").await;
+    wait_health(&c, "gamma-i18n", "active").await;
+
+    // kill: no goodbye. Its agents age out on c.
+    a.node.kill();
+    wait_health(&c, "alpha-research", "degraded").await;
+    wait_health(&c, "alpha-research", "inactive").await;
+    wait_gone(&c, "alpha-research").await;
+
+    // graceful: the tombstone removes b's agents on c well before they could age out.
+    let started = std::time::Instant::now();
+    b.node.shutdown().await.unwrap();
+    wait_gone(&c, "gamma-i18n").await;
+    assert!(started.elapsed() < Duration::from_millis(2500), "left by tombstone, not by eviction");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_agent_health_travels_with_the_publishers_heartbeats() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;
+    let (status, _) = a.post("/api/v1/nodes/register", &sdk_registration("sdk-agent")).await;
+    assert_eq!(status, 201);
+    wait_health(&b, "sdk-agent", "active").await;
+    // The agent reports itself degraded to its own sidecar: every node shows it.
+    a.post("/api/v1/nodes/sdk-agent/heartbeat", &serde_json::json!({"status": "degraded"})).await;
+    wait_health(&b, "sdk-agent", "degraded").await;
+    // It stops heartbeating: its sidecar sees it inactive and says so; the node itself is alive.
+    wait_health(&b, "sdk-agent", "inactive").await;
+    let (_, status) = b.get("/api/v1/mesh/status").await;
+    let records: &Value = &status["records"];
+    assert_eq!(records["inactive"], 1, "{status}");
+}

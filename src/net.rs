@@ -192,6 +192,23 @@ fn message_id(message: &gossipsub::Message) -> gossipsub::MessageId {
     gossipsub::MessageId::from(digest[..20].to_vec())
 }
 
+/// Peer scoring that punishes what matters here: every message reported `Reject` (forged, oversized,
+/// not first-party) costs its forwarder, quadratically, until it is graylisted. Delivery-rate penalties
+/// are off, since cards are rare and a quiet topic is normal; so is the IP colocation penalty, since
+/// many nodes share an address on one host or behind one NAT.
+fn score_params() -> gossipsub::PeerScoreParams {
+    let mut params = gossipsub::PeerScoreParams { ip_colocation_factor_weight: 0.0, ..Default::default() };
+    for topic in [CARDS_TOPIC, HEARTBEATS_TOPIC] {
+        let topic_params = gossipsub::TopicScoreParams {
+            mesh_message_deliveries_weight: 0.0,
+            mesh_failure_penalty_weight: 0.0,
+            ..Default::default()
+        };
+        params.topics.insert(IdentTopic::new(topic).hash(), topic_params);
+    }
+    params
+}
+
 fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     let err = |e: &dyn std::fmt::Display| NetError::Transport(e.to_string());
     let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair.clone())
@@ -210,8 +227,9 @@ fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>
                 .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
                 .build()
                 .map_err(|e| e.to_string())?;
-            let gossipsub =
+            let mut gossipsub =
                 gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
+            gossipsub.with_peer_score(score_params(), gossipsub::PeerScoreThresholds::default())?;
             let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
             kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
             let mut kad =

@@ -90,11 +90,17 @@ pub struct RecordKey {
 }
 
 /// The mutable liveness facts of one record, shared across snapshot generations.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Live {
     /// Millis of the last heartbeat; 0 means never.
     last_heartbeat: AtomicU64,
     reported: AtomicU8,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self { last_heartbeat: AtomicU64::new(0), reported: AtomicU8::new(Reported::default().to_u8()) }
+    }
 }
 
 impl Live {

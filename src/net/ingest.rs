@@ -140,3 +140,123 @@ async fn handle(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::card::AgentCard;
+    use crate::registry::health::Thresholds;
+    use crate::wire::{CardBody, HeartbeatAgent, HeartbeatBody};
+    use libp2p::identity::Keypair;
+
+    struct Harness {
+        registry: Registry,
+        counters: Counters,
+        verdicts: mpsc::Sender<Verdict>,
+        _rx: mpsc::Receiver<Verdict>,
+        me: PeerId,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Harness {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let key = Keypair::generate_ed25519();
+            let me = key.public().to_peer_id();
+            let (registry, _) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+            let (verdicts, _rx) = mpsc::channel(16);
+            Self { registry, counters: Counters::default(), verdicts, _rx, me, _dir: dir }
+        }
+
+        async fn gossip(&self, data: &[u8], author: &Keypair) -> MessageAcceptance {
+            let author = author.public().to_peer_id();
+            handle(&self.registry, data, Some(author), author, self.me, &self.counters, &self.verdicts).await
+        }
+
+        fn view(&self) -> Vec<(String, u64)> {
+            self.registry.snapshot().entries.iter().map(|e| (e.key.agent_id.clone(), e.seq)).collect()
+        }
+
+        fn rejected(&self, reason: &str) -> u64 {
+            self.counters.get().rejected.get(reason).copied().unwrap_or(0)
+        }
+    }
+
+    fn card_msg(key: &Keypair, id: &str, seq: u64) -> Vec<u8> {
+        let json =
+            format!(r#"{{"agent_id":"{id}","base_url":"http://127.0.0.1:1","skills":[{{"id":"s"}}]}}"#);
+        let card = AgentCard::from_json(json.as_bytes()).unwrap();
+        wire::seal_card(
+            key,
+            &CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() },
+        )
+    }
+
+    #[tokio::test]
+    async fn hostile_messages_are_rejected_counted_and_change_nothing() {
+        let h = Harness::new();
+        let honest = Keypair::generate_ed25519();
+        let mallory = Keypair::generate_ed25519();
+        assert_eq!(h.gossip(&card_msg(&honest, "a", 5), &honest).await, MessageAcceptance::Accept);
+        let view = h.view();
+
+        // A forged signature: the honest publisher's name on mallory's signature.
+        let mut forged = card_msg(&mallory, "a", 6);
+        let honest_id = honest.public().to_peer_id().to_bytes();
+        let mallory_id = mallory.public().to_peer_id().to_bytes();
+        let at = forged.windows(mallory_id.len()).position(|w| w == mallory_id.as_slice()).unwrap();
+        forged[at..at + honest_id.len()].copy_from_slice(&honest_id);
+        assert_eq!(h.gossip(&forged, &honest).await, MessageAcceptance::Reject);
+        assert_eq!((h.rejected("bad_signature"), h.counters.get().signature_failures), (1, 1));
+
+        // Another publisher's valid card gossiped by mallory as if first-party.
+        assert_eq!(h.gossip(&card_msg(&honest, "a", 7), &mallory).await, MessageAcceptance::Reject);
+        assert_eq!(h.rejected("not_first_party"), 1);
+
+        // A replayed older version, and the same version again.
+        assert_eq!(h.gossip(&card_msg(&honest, "a", 4), &honest).await, MessageAcceptance::Ignore);
+        assert_eq!(h.gossip(&card_msg(&honest, "a", 5), &honest).await, MessageAcceptance::Ignore);
+
+        // Oversized and malformed.
+        assert_eq!(
+            h.gossip(&vec![0; wire::MAX_MESSAGE_BYTES + 1], &mallory).await,
+            MessageAcceptance::Reject
+        );
+        assert_eq!(h.rejected("too_large"), 1);
+        assert_eq!(h.gossip(b"\x00garbage", &mallory).await, MessageAcceptance::Reject);
+
+        // Mallory's tombstone cannot retract the honest agent: it names mallory's own record.
+        let t = wire::seal_tombstone(&mallory, &wire::TombstoneBody { agent_id: Some("a".into()), seq: 99 });
+        assert_eq!(h.gossip(&t, &mallory).await, MessageAcceptance::Ignore);
+        let leave = wire::seal_tombstone(&mallory, &wire::TombstoneBody { agent_id: None, seq: 99 });
+        assert_eq!(h.gossip(&leave, &mallory).await, MessageAcceptance::Ignore);
+
+        // Heartbeats for agents mallory does not own refresh nothing of the honest publisher's.
+        let hb = HeartbeatBody {
+            sent_at: 1,
+            agents: vec![HeartbeatAgent {
+                agent_id: "a".into(),
+                seq: 5,
+                reported: crate::registry::health::Reported::Offline,
+            }],
+        };
+        h.gossip(&wire::seal_heartbeat(&mallory, &hb), &mallory).await;
+        let entry = h.registry.snapshot().entries[0].clone();
+        assert_eq!(
+            entry.reported(),
+            crate::registry::health::Reported::Ready,
+            "mallory's heartbeat did not touch it"
+        );
+        assert_eq!(entry.last_heartbeat(0), None);
+
+        assert_eq!(h.view(), view, "the view is unchanged");
+    }
+
+    #[tokio::test]
+    async fn own_messages_reflected_back_are_ignored() {
+        let me_key = Keypair::generate_ed25519();
+        let h = Harness { me: me_key.public().to_peer_id(), ..Harness::new() };
+        assert_eq!(h.gossip(&card_msg(&me_key, "mine", 1), &me_key).await, MessageAcceptance::Ignore);
+        assert!(h.view().is_empty());
+    }
+}

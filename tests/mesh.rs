@@ -159,3 +159,56 @@ async fn sdk_agent_health_travels_with_the_publishers_heartbeats() {
     let records: &Value = &status["records"];
     assert_eq!(records["inactive"], 1, "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_reloads_its_view_then_catches_up() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    let a_addr = dial_addr(&a).await;
+    let b = start(dirs[1].path(), vec![a_addr.clone()]).await;
+    a.register(&fixture_cards()[0]).await;
+    wait_health(&b, "alpha-research", "active").await;
+    b.node.shutdown().await.unwrap();
+
+    // While b is down: a new agent, and a new version of the old one.
+    a.register(&fixture_cards()[1]).await;
+    let mut changed = fixture_cards()[0].clone();
+    changed["version"] = serde_json::json!("2.0.0");
+    a.register(&changed).await;
+
+    let b = start(dirs[1].path(), vec![a_addr]).await;
+    let (status, record) = b.get("/api/v1/agents/alpha-research").await;
+    assert_eq!(status, 200, "reloaded from disk at once");
+    assert!(record["card"]["version"].is_string());
+    b.wait_for("the new version on b", || async {
+        let (_, r) = b.get("/api/v1/agents/alpha-research").await;
+        (r["card"]["version"] == "2.0.0").then_some(())
+    })
+    .await;
+    wait_health(&b, "beta-analytics", "active").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_heals_and_both_sides_converge() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    // a and c know each other only through b.
+    let b = start(dirs[1].path(), vec![]).await;
+    let b_addr = dial_addr(&b).await;
+    let a = start(dirs[0].path(), vec![b_addr.clone()]).await;
+    let c = start(dirs[2].path(), vec![b_addr]).await;
+    a.register(&fixture_cards()[0]).await;
+    wait_health(&c, "alpha-research", "active").await;
+
+    // Cut the bridge; each side changes.
+    let b_config = mesh_config(dirs[1].path(), vec![dial_addr(&a).await, dial_addr(&c).await]);
+    b.node.kill();
+    a.register(&fixture_cards()[1]).await;
+    c.register(&fixture_cards()[2]).await;
+
+    // Heal: the bridge comes back on the same data directory and dials both sides.
+    let b = TestNode::start(b_config).await;
+    wait_health(&a, "gamma-i18n", "active").await;
+    wait_health(&c, "beta-analytics", "active").await;
+    wait_health(&b, "gamma-i18n", "active").await;
+    wait_health(&b, "beta-analytics", "active").await;
+}

@@ -25,7 +25,16 @@ pub enum Command {
         #[arg(long, env = "AGENTMESH_DATA_DIR", default_value = defaults::DATA_DIR)]
         data_dir: PathBuf,
     },
+    /// Show a running daemon's mesh: status and connected peers.
+    Peers {
+        /// Base URL of the daemon's HTTP API.
+        #[arg(long, env = "AGENTMESH_API", default_value = DEFAULT_API)]
+        api: String,
+    },
 }
+
+/// Where the CLI client finds the daemon by default.
+pub const DEFAULT_API: &str = "http://127.0.0.1:8080";
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| e.to_string())

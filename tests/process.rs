@@ -52,6 +52,11 @@ fn runs_serves_and_stops_cleanly_on_sigterm() {
     });
     assert_eq!(health["peer_id"], peer_id.as_str());
 
+    let out = Command::new(BIN).args(["peers", "--api", &format!("http://{addr}")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(shown.contains(&peer_id) && shown.contains("listening on   /ip4/127.0.0.1/tcp/"), "{shown}");
+
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let start = std::time::Instant::now();
@@ -67,6 +72,14 @@ fn runs_serves_and_stops_cleanly_on_sigterm() {
     let out = Command::new(BIN).arg("id").arg("--data-dir").arg(&data).output().unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), peer_id, "the identity is reused");
+}
+
+#[test]
+fn peers_names_an_unreachable_daemon() {
+    let out = Command::new(BIN).args(["peers", "--api", "http://127.0.0.1:9"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the daemon at http://127.0.0.1:9"), "{err}");
 }
 
 #[test]

@@ -34,7 +34,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use crate::api::now_millis;
 use crate::api::render::rfc3339;
 use crate::registry::{LocalChange, RecordKey, Registry};
-use crate::wire::{self, TombstoneBody, MAX_MESSAGE_BYTES};
+use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
 use ingest::{Inbound, Verdict};
 use sync::{DigestItem, SyncRequest, SyncResponse};
 
@@ -58,6 +58,11 @@ pub const REDIAL_MIN: Duration = Duration::from_secs(1);
 pub const REDIAL_MAX: Duration = Duration::from_secs(60);
 /// How long a leaving node keeps polling the swarm so that its goodbye goes out.
 pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
+/// Gossipsub mesh degree (target, low and high water marks). Lower than gossipsub's 6 / 5 / 12: every
+/// message reaches each node about `MESH_N` times, and heartbeats are most of the traffic.
+pub const MESH_N: usize = 4;
+pub const MESH_N_LOW: usize = 3;
+pub const MESH_N_HIGH: usize = 8;
 /// Gossipsub heartbeat (mesh maintenance, gossip emission).
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_millis(500);
 
@@ -221,6 +226,9 @@ fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>
             let peer_id = key.public().to_peer_id();
             let gossip_config = gossipsub::ConfigBuilder::default()
                 .heartbeat_interval(GOSSIP_HEARTBEAT)
+                .mesh_n(MESH_N)
+                .mesh_n_low(MESH_N_LOW)
+                .mesh_n_high(MESH_N_HIGH)
                 .validation_mode(ValidationMode::Strict)
                 .validate_messages()
                 .message_id_fn(message_id)
@@ -316,6 +324,8 @@ pub async fn spawn(
         rtts: HashMap::new(),
         addrs: HashMap::new(),
         listen_addrs: Vec::new(),
+        last_list: None,
+        beats_since_full: 0,
     };
     let task = tokio::spawn(event_loop.run());
     Ok((NetHandle { tx, peer_id }, task))
@@ -351,6 +361,9 @@ struct EventLoop {
     rtts: HashMap<PeerId, Duration>,
     addrs: HashMap<PeerId, HashSet<Multiaddr>>,
     listen_addrs: Vec<Multiaddr>,
+    /// Digest of the agent list last sent in full, and beats since.
+    last_list: Option<u64>,
+    beats_since_full: u32,
 }
 
 impl EventLoop {
@@ -417,7 +430,16 @@ impl EventLoop {
 
     fn on_heartbeat_tick(&mut self) {
         let now = now_millis();
-        let body = self.registry.local_heartbeat(now);
+        let agents = self.registry.local_agents(now);
+        let digest = wire::agents_digest(&agents);
+        let full = self.last_list != Some(digest) || self.beats_since_full + 1 >= wire::FULL_HEARTBEAT_EVERY;
+        if full {
+            self.last_list = Some(digest);
+            self.beats_since_full = 0;
+        } else {
+            self.beats_since_full += 1;
+        }
+        let body = HeartbeatBody { sent_at: now, digest, agents: full.then_some(agents) };
         let msg = wire::seal_heartbeat(&self.keypair, &body);
         self.publish(&self.heartbeats.clone(), msg);
         let registry = self.registry.clone();

@@ -112,10 +112,27 @@ pub struct HeartbeatAgent {
 
 /// One per node per interval. `sent_at` (publisher's clock, ms) orders heartbeats and makes every one
 /// distinct, so gossip never drops one as a duplicate.
+///
+/// The agent list travels only when it changed, and every `FULL_HEARTBEAT_EVERY` beats for nodes that
+/// missed it; in between a heartbeat carries just its `digest`, so its size does not grow with the
+/// number of agents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeartbeatBody {
     pub sent_at: u64,
-    pub agents: Vec<HeartbeatAgent>,
+    /// [`agents_digest`] of the publisher's current list.
+    pub digest: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<HeartbeatAgent>>,
+}
+
+/// Beats between two heartbeats that carry the full agent list even when it did not change.
+pub const FULL_HEARTBEAT_EVERY: u32 = 10;
+
+/// Identifies an agent list (first 8 bytes of the SHA-256 of its CBOR).
+pub fn agents_digest(agents: &[HeartbeatAgent]) -> u64 {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(cbor(&agents));
+    u64::from_be_bytes(hash[..8].try_into().unwrap_or_default())
 }
 
 /// Removal of one agent (`agent_id` set), or of every agent of the publisher (node leaving).
@@ -243,8 +260,13 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
         }
         Kind::Heartbeat => {
             let body: HeartbeatBody = ciborium::from_reader(body).map_err(bad)?;
-            if body.agents.len() > MAX_AGENTS_PER_PUBLISHER {
-                return Err(WireError::BadBody(format!("{} agents in one heartbeat", body.agents.len())));
+            if let Some(agents) = &body.agents {
+                if agents.len() > MAX_AGENTS_PER_PUBLISHER {
+                    return Err(WireError::BadBody(format!("{} agents in one heartbeat", agents.len())));
+                }
+                if agents_digest(agents) != body.digest {
+                    return Err(WireError::BadBody("agent list does not match its digest".into()));
+                }
             }
             Message::Heartbeat(body)
         }
@@ -273,10 +295,11 @@ mod tests {
         assert!(matches!(v.message, Message::Card { body: ref b, .. } if *b == body));
         assert_eq!(reseal_card(v.publisher, &body, v.sig.clone()), seal_card(&key, &body), "re-sent exactly");
 
-        let hb = HeartbeatBody {
-            sent_at: 5,
-            agents: vec![HeartbeatAgent { agent_id: "a".into(), seq: 7, reported: Reported::Degraded }],
-        };
+        let agents = vec![HeartbeatAgent { agent_id: "a".into(), seq: 7, reported: Reported::Degraded }];
+        let hb = HeartbeatBody { sent_at: 5, digest: agents_digest(&agents), agents: Some(agents) };
+        let mut lying = hb.clone();
+        lying.digest ^= 1;
+        assert!(matches!(open(&seal_heartbeat(&key, &lying)).unwrap_err(), WireError::BadBody(_)));
         assert!(
             matches!(open(&seal_heartbeat(&key, &hb)).unwrap().message, Message::Heartbeat(h) if h == hb)
         );

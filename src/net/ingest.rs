@@ -232,14 +232,12 @@ mod tests {
         assert_eq!(h.gossip(&leave, &mallory).await, MessageAcceptance::Ignore);
 
         // Heartbeats for agents mallory does not own refresh nothing of the honest publisher's.
-        let hb = HeartbeatBody {
-            sent_at: 1,
-            agents: vec![HeartbeatAgent {
-                agent_id: "a".into(),
-                seq: 5,
-                reported: crate::registry::health::Reported::Offline,
-            }],
-        };
+        let agents = vec![HeartbeatAgent {
+            agent_id: "a".into(),
+            seq: 5,
+            reported: crate::registry::health::Reported::Offline,
+        }];
+        let hb = HeartbeatBody { sent_at: 1, digest: wire::agents_digest(&agents), agents: Some(agents) };
         h.gossip(&wire::seal_heartbeat(&mallory, &hb), &mallory).await;
         let entry = h.registry.snapshot().entries[0].clone();
         assert_eq!(

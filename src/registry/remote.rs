@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libp2p::identity::PeerId;
@@ -22,6 +22,8 @@ pub(super) struct RemoteState {
     counts: Mutex<HashMap<PeerId, usize>>,
     /// `sent_at` of the newest heartbeat seen per publisher: older or equal ones are replays.
     last_heartbeat: Mutex<HashMap<PeerId, u64>>,
+    /// The last full agent list per publisher, by digest, for the heartbeats that carry only the digest.
+    lists: Mutex<HashMap<PeerId, (u64, Arc<Vec<HeartbeatAgent>>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -72,6 +74,8 @@ pub struct HeartbeatOutcome {
     pub missing: Vec<String>,
     /// An older or repeated heartbeat: ignored.
     pub replayed: bool,
+    /// A digest-only heartbeat whose list this node never received.
+    pub unknown_list: bool,
 }
 
 impl Registry {
@@ -92,8 +96,35 @@ impl Registry {
             *seen = body.sent_at;
         }
         let snapshot = self.snapshot();
+        let list = match &body.agents {
+            Some(agents) => {
+                let list = Arc::new(agents.clone());
+                lock(&self.remote.lists).insert(publisher, (body.digest, list.clone()));
+                list
+            }
+            None => match lock(&self.remote.lists).get(&publisher) {
+                Some((digest, list)) if *digest == body.digest => list.clone(),
+                // A list this node missed: the publisher is alive, so its agents held here stay fresh
+                // with the states last heard; its next full heartbeat brings the rest.
+                _ => {
+                    outcome.unknown_list = true;
+                    Arc::new(
+                        snapshot
+                            .entries
+                            .iter()
+                            .filter(|e| e.key.publisher == publisher)
+                            .map(|e| HeartbeatAgent {
+                                agent_id: e.key.agent_id.clone(),
+                                seq: e.seq,
+                                reported: e.reported(),
+                            })
+                            .collect(),
+                    )
+                }
+            },
+        };
         let mut changed = false;
-        for agent in &body.agents {
+        for agent in list.iter() {
             let held =
                 snapshot.by_agent_id(&agent.agent_id).into_iter().find(|e| e.key.publisher == publisher);
             match held {
@@ -112,10 +143,11 @@ impl Registry {
         outcome
     }
 
-    /// This node's heartbeat: every local agent with its card seq and its state as this node sees it.
-    pub fn local_heartbeat(&self, now: Millis) -> HeartbeatBody {
+    /// This node's agent list for its heartbeat: every local agent with its card seq and its state as
+    /// this node sees it.
+    pub fn local_agents(&self, now: Millis) -> Vec<HeartbeatAgent> {
         let snapshot = self.snapshot();
-        let agents = snapshot
+        snapshot
             .entries
             .iter()
             .filter(|e| e.is_local())
@@ -129,8 +161,7 @@ impl Registry {
                     Health::Unknown => Reported::Starting,
                 },
             })
-            .collect();
-        HeartbeatBody { sent_at: now, agents }
+            .collect()
     }
 
     /// Removes every record of `publisher` older than `seq` (the publisher left the mesh).
@@ -154,6 +185,7 @@ impl Registry {
             self.apply_locked(&mut map, super::Update::Remove { publisher, agent_id, seq }, now).await?;
         }
         lock(&self.remote.last_heartbeat).remove(&publisher);
+        lock(&self.remote.lists).remove(&publisher);
         Ok(doomed.len())
     }
 
@@ -320,12 +352,12 @@ mod tests {
         let t = *r.thresholds();
         let entry = || r.snapshot().by_agent_id("a")[0].clone();
         assert_eq!(entry().health(1_000, &t), Health::Unknown);
-        let hb = |sent_at, seq| HeartbeatBody {
-            sent_at,
-            agents: vec![
+        let hb = |sent_at, seq| {
+            let agents = vec![
                 HeartbeatAgent { agent_id: "a".into(), seq, reported: Reported::Ready },
                 HeartbeatAgent { agent_id: "b".into(), seq: 1, reported: Reported::Ready },
-            ],
+            ];
+            HeartbeatBody { sent_at, digest: wire::agents_digest(&agents), agents: Some(agents) }
         };
         let out = r.remote_heartbeat(p, &hb(100, 5), 1_000);
         assert_eq!((out.refreshed, out.missing.clone(), out.replayed), (1, vec!["b".to_owned()], false));
@@ -333,7 +365,17 @@ mod tests {
         assert!(r.remote_heartbeat(p, &hb(100, 5), 2_000).replayed, "same sent_at");
         assert!(r.remote_heartbeat(p, &hb(99, 5), 2_000).replayed, "older sent_at");
         assert_eq!(entry().health(1_000 + t.degraded_after.as_millis() as u64, &t), Health::Degraded);
-        let out = r.remote_heartbeat(p, &hb(101, 6), 3_000);
+        // A digest-only heartbeat of the known list refreshes like the full one.
+        let compact = HeartbeatBody { agents: None, ..hb(101, 5) };
+        let out = r.remote_heartbeat(p, &compact, 5_000);
+        assert_eq!((out.refreshed, out.unknown_list), (1, false));
+        assert_eq!(entry().health(5_000, &t), Health::Active);
+        // One of an unknown list still keeps the held agents of a live publisher fresh.
+        let unknown = HeartbeatBody { sent_at: 102, digest: 42, agents: None };
+        let out = r.remote_heartbeat(p, &unknown, 9_000);
+        assert_eq!((out.refreshed, out.unknown_list), (1, true));
+        assert_eq!(entry().health(9_000, &t), Health::Active);
+        let out = r.remote_heartbeat(p, &hb(103, 6), 10_000);
         assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
     }
 

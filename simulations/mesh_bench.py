@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Mesh measurements with real agentmesh processes on loopback (no containers).
+
+For each mesh size: start N daemons (node 0 first; every other node bootstraps to node 0 and to one
+earlier node chosen at random), wait until the mesh is up, then measure
+  - convergence: a card registered on one node, the time until every node serves it (repeated);
+  - detection: kill -9 a node, the time until every other node reports its agent as no longer active;
+  - RSS per node (VmRSS);
+  - steady-state traffic per node: TCP bytes sent+received by each daemon over a quiet window, with
+    AGENTS agents registered across the mesh (ss -tinp).
+Writes JSON to simulations/results/mesh-<N>.json and prints a Markdown summary.
+
+Usage: simulations/mesh_bench.py [--sizes 10,30] [--agents 1000] [--rounds 5] [--quiet-seconds 20]
+Standard library only; needs `ss` (iproute2).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "agentmesh")
+HTTP_BASE = 19000
+P2P_BASE = 29000
+POLL = 0.01
+DEADLINE = 60.0
+
+
+def http(method, url, body=None, timeout=5.0):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, None
+
+
+class Node:
+    def __init__(self, index, workdir):
+        self.index = index
+        self.dir = os.path.join(workdir, f"node{index}")
+        self.http = f"http://127.0.0.1:{HTTP_BASE + index}"
+        self.p2p_port = P2P_BASE + index
+        self.peer_id = subprocess.check_output([BIN, "id", "--data-dir", self.dir], text=True).strip()
+        self.addr = f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
+        self.proc = None
+
+    def start(self, bootstrap):
+        args = [BIN, "run", "--data-dir", self.dir, "--http", f"127.0.0.1:{HTTP_BASE + self.index}",
+                "--listen", f"/ip4/127.0.0.1/tcp/{self.p2p_port}", "--no-mdns", "--log-format", "json"]
+        for b in bootstrap:
+            args += ["--bootstrap", b]
+        log = open(os.path.join(self.dir, "daemon.log"), "w")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, env={**os.environ, "RUST_LOG": "warn"})
+
+    def rss_mb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def wait_until(what, check, deadline=DEADLINE):
+    start = time.monotonic()
+    while time.monotonic() - start < deadline:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def card(agent_id, tag="bench"):
+    return {"agent_id": agent_id, "base_url": "http://127.0.0.1:1", "version": "1.0.0",
+            "reasoners": [{"id": "work", "tags": [tag],
+                           "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
+            "skills": [{"id": "lookup", "tags": [tag]}]}
+
+
+def time_until_all(nodes, predicate):
+    """Starts one poller per node; returns each node's seconds until predicate(node) held."""
+    t0 = time.monotonic()
+    times = [None] * len(nodes)
+
+    def poll(i, n):
+        while time.monotonic() - t0 < DEADLINE:
+            if predicate(n):
+                times[i] = time.monotonic() - t0
+                return
+            time.sleep(POLL)
+
+    threads = [threading.Thread(target=poll, args=(i, n)) for i, n in enumerate(nodes)]
+    return t0, threads, times
+
+
+def run(threads):
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def pct(values, p):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round((len(s) - 1) * p)))]
+
+
+def tcp_bytes(pids):
+    """Sum of bytes_sent + bytes_received over each pid's TCP sockets, from ss."""
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True).stdout
+    totals = {pid: 0 for pid in pids}
+    current = None
+    for line in out.splitlines():
+        m = re.search(r"pid=(\d+)", line)
+        if m:
+            current = int(m.group(1))
+            continue
+        if current in totals:
+            for key in ("bytes_sent", "bytes_received"):
+                m = re.search(key + r":(\d+)", line)
+                if m:
+                    totals[current] += int(m.group(1))
+    return totals
+
+
+def bench(size, agents, rounds, quiet_seconds, workdir):
+    nodes = [Node(i, workdir) for i in range(size)]
+    nodes[0].start([])
+    wait_until("node 0 up", lambda: http("GET", nodes[0].http + "/api/v1/health")[0] == 200)
+    for i, n in enumerate(nodes[1:], start=1):
+        peers = {nodes[0].addr, nodes[random.randrange(0, i)].addr}
+        n.start(sorted(peers))
+    for n in nodes:
+        wait_until(f"node {n.index} up", lambda n=n: http("GET", n.http + "/api/v1/health")[0] == 200)
+
+    def meshed(n):
+        _, s = http("GET", n.http + "/api/v1/mesh/status")
+        return bool(s) and s["connected_peers"] >= 1 and s["mesh_peers"].get("agentmesh/cards/1", 0) >= 1
+    for n in nodes:
+        wait_until(f"node {n.index} meshed", lambda n=n: meshed(n))
+    time.sleep(3)  # let gossipsub fill its meshes (heartbeats every 0.5 s)
+    result = {"nodes": size, "machine": f"{os.cpu_count()} cores"}
+
+    # Convergence.
+    samples = []
+    for r in range(rounds):
+        publisher = nodes[random.randrange(size)]
+        agent_id = f"conv-{r}"
+        others = [n for n in nodes if n is not publisher]
+        t0, threads, times = time_until_all(
+            others, lambda n, a=agent_id: http("GET", f"{n.http}/api/v1/agents/{a}", timeout=2)[0] == 200)
+        status, _ = http("POST", publisher.http + "/api/v1/agents", card(agent_id))
+        assert status in (200, 201), status
+        run(threads)
+        if None in times:
+            raise TimeoutError(f"round {r}: {times.count(None)} nodes never saw the card")
+        samples.append({"all": max(times), "p50": pct(times, 0.5), "p99": pct(times, 0.99)})
+    result["convergence_s"] = samples
+
+    # Steady state: AGENTS agents spread over the mesh, then a quiet window.
+    for i in range(agents):
+        n = nodes[i % size]
+        http("POST", n.http + "/api/v1/agents", card(f"steady-{i:05d}"))
+    wait_until("steady agents everywhere", lambda: all(
+        (http("GET", n.http + "/api/v1/agents?limit=0")[1] or {}).get("total", 0) >= agents + rounds for n in nodes),
+        deadline=120)
+    pids = [n.proc.pid for n in nodes]
+    before = tcp_bytes(pids)
+    t0 = time.monotonic()
+    time.sleep(quiet_seconds)
+    after = tcp_bytes(pids)
+    elapsed = time.monotonic() - t0
+    # Each loopback byte is counted by both ends (sent by one, received by the other), which is what a
+    # node's interface would carry: sent + received per node.
+    rates = [(after[p] - before[p]) / elapsed for p in pids]
+    result["steady_bytes_per_s_per_node"] = {"mean": statistics.mean(rates), "max": max(rates), "agents": agents}
+    result["rss_mb"] = {"mean": statistics.mean(n.rss_mb() for n in nodes), "max": max(n.rss_mb() for n in nodes)}
+
+    # Detection of a killed node (defaults: heartbeat 2 s, degraded after 7 s).
+    victim = nodes[-1]
+    http("POST", victim.http + "/api/v1/agents", card("victim-agent"))
+    others = nodes[:-1]
+    wait_until("victim agent everywhere", lambda: all(
+        (http("GET", f"{n.http}/api/v1/agents/victim-agent")[1] or {}).get("health_status") == "active"
+        for n in others))
+
+    def not_active(n):
+        s, body = http("GET", f"{n.http}/api/v1/agents/victim-agent", timeout=2)
+        return s == 200 and body["health_status"] != "active"
+    t0, threads, times = time_until_all(others, not_active)
+    victim.kill()
+    run(threads)
+    if None in times:
+        raise TimeoutError("some nodes never noticed the kill")
+    result["detection_s"] = {"all": max(times), "p50": pct(times, 0.5), "min": min(times)}
+    # False alarms: no agent of a live node may have left `active`.
+    false_alarms = 0
+    for n in others:
+        _, body = http("GET", n.http + "/api/v1/discovery/capabilities?health_status=degraded&limit=500")
+        false_alarms += sum(1 for c in (body or {}).get("capabilities", []) if c["publisher"] != victim.peer_id)
+    result["false_alarms"] = false_alarms
+
+    for n in others:
+        n.stop()
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="10,30")
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quiet-seconds", type=int, default=20)
+    args = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    os.makedirs(os.path.join(ROOT, "simulations", "results"), exist_ok=True)
+    for size in [int(s) for s in args.sizes.split(",")]:
+        workdir = tempfile.mkdtemp(prefix=f"agentmesh-bench-{size}-")
+        try:
+            result = bench(size, args.agents, args.rounds, args.quiet_seconds, workdir)
+        finally:
+            subprocess.run(["pkill", "-f", workdir], check=False)
+            shutil.rmtree(workdir, ignore_errors=True)
+        with open(os.path.join(ROOT, "simulations", "results", f"mesh-{size}.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        conv = result["convergence_s"]
+        print(f"## {size} nodes")
+        print(f"- card on every node: max {max(c['all'] for c in conv)*1e3:.0f} ms, "
+              f"median of rounds {statistics.median(c['all'] for c in conv)*1e3:.0f} ms "
+              f"(per-node p50 {statistics.median(c['p50'] for c in conv)*1e3:.0f} ms), {len(conv)} rounds")
+        d = result["detection_s"]
+        print(f"- killed node's agent not active on every node after {d['all']:.2f} s "
+              f"(first {d['min']:.2f} s, median {d['p50']:.2f} s); false alarms: {result['false_alarms']}")
+        print(f"- RSS per node: mean {result['rss_mb']['mean']:.1f} MB, max {result['rss_mb']['max']:.1f} MB")
+        s = result["steady_bytes_per_s_per_node"]
+        print(f"- steady traffic with {s['agents']} agents: mean {s['mean']/1e3:.2f} kB/s per node, "
+              f"max {s['max']/1e3:.2f} kB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,9 @@ use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
 use crate::wire::{self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
 
+/// A publisher's agent list and its digest.
+type KnownList = (u64, Arc<Vec<HeartbeatAgent>>);
+
 /// Mesh bookkeeping that lives beside the view, in memory only.
 #[derive(Default)]
 pub(super) struct RemoteState {
@@ -23,7 +26,7 @@ pub(super) struct RemoteState {
     /// `sent_at` of the newest heartbeat seen per publisher: older or equal ones are replays.
     last_heartbeat: Mutex<HashMap<PeerId, u64>>,
     /// The last full agent list per publisher, by digest, for the heartbeats that carry only the digest.
-    lists: Mutex<HashMap<PeerId, (u64, Arc<Vec<HeartbeatAgent>>)>>,
+    lists: Mutex<HashMap<PeerId, KnownList>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

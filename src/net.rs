@@ -465,9 +465,10 @@ impl EventLoop {
             .collect()
     }
 
+    /// Starts an anti-entropy round: fingerprints first, the full digest only if they differ.
     fn request_sync(&mut self, peer: PeerId) {
-        let request = SyncRequest::Digest(self.digest());
-        self.swarm.behaviour_mut().sync.send_request(&peer, request);
+        let (fingerprint, count) = self.registry.fingerprint();
+        self.swarm.behaviour_mut().sync.send_request(&peer, SyncRequest::Summary { fingerprint, count });
     }
 
     fn sync_with_random_peer(&mut self) {
@@ -685,6 +686,10 @@ impl EventLoop {
                         c.sync_rounds += 1;
                         c.last_sync_ms = Some(now_millis());
                     });
+                    if response.differs {
+                        let request = SyncRequest::Digest(self.digest());
+                        self.swarm.behaviour_mut().sync.send_request(&peer, request);
+                    }
                     if !response.cards.is_empty() {
                         let inbound = Inbound::Cards { from: peer, cards: response.cards };
                         if self.ingest.try_send(inbound).is_err() {
@@ -702,6 +707,10 @@ impl EventLoop {
 
     fn answer(&self, request: SyncRequest) -> SyncResponse {
         let cards = match request {
+            SyncRequest::Summary { fingerprint, count } => {
+                let differs = self.registry.fingerprint() != (fingerprint, count);
+                return SyncResponse { cards: Vec::new(), differs };
+            }
             SyncRequest::Digest(items) => {
                 let theirs: HashMap<(PeerId, String), u64> = items
                     .into_iter()
@@ -717,8 +726,7 @@ impl EventLoop {
                     .collect()
             }
         };
-        SyncResponse {
-            cards: cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect(),
-        }
+        let cards = cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();
+        SyncResponse { cards, differs: false }
     }
 }

@@ -21,14 +21,20 @@ pub struct DigestItem {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum SyncRequest {
+    /// "This is the fingerprint of what I hold": answer whether yours differs. Sent first, so that
+    /// nodes already in sync exchange a few bytes instead of a digest of every record.
+    Summary { fingerprint: u64, count: u64 },
     /// "This is everything I hold": answer with what I lack or hold older.
     Digest(Vec<DigestItem>),
     /// "Send me these records" (named by a heartbeat I could not match).
     Pull { publisher: ByteBuf, agent_ids: Vec<String> },
 }
 
-/// Signed card messages, exactly as their publishers made them.
+/// Signed card messages, exactly as their publishers made them; for a summary, whether the two views
+/// differ (then the requester sends its full digest).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct SyncResponse {
     pub cards: Vec<ByteBuf>,
+    #[serde(default)]
+    pub differs: bool,
 }

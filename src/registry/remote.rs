@@ -230,6 +230,24 @@ impl Registry {
         self.snapshot().entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq)).collect()
     }
 
+    /// An order-independent fingerprint of every `(publisher, agent_id, seq)` held, and the count: two
+    /// nodes with the same view have the same fingerprint.
+    pub fn fingerprint(&self) -> (u64, u64) {
+        use sha2::Digest as _;
+        let snapshot = self.snapshot();
+        let mut sum = 0u64;
+        for e in &snapshot.entries {
+            let mut h = sha2::Sha256::new();
+            h.update(e.key.publisher.to_bytes());
+            h.update([0]);
+            h.update(e.key.agent_id.as_bytes());
+            h.update(e.seq.to_be_bytes());
+            let digest = h.finalize();
+            sum = sum.wrapping_add(u64::from_be_bytes(digest[..8].try_into().unwrap_or_default()));
+        }
+        (sum, snapshot.entries.len() as u64)
+    }
+
     /// The signed card message of a record, exactly as its publisher made it.
     pub fn signed_card(&self, key: &RecordKey) -> Option<Vec<u8>> {
         let snapshot = self.snapshot();
@@ -380,6 +398,20 @@ mod tests {
         assert_eq!(entry().health(9_000, &t), Health::Active);
         let out = r.remote_heartbeat(p, &hb(103, 6), 10_000);
         assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
+    }
+
+    #[tokio::test]
+    async fn equal_views_have_equal_fingerprints() {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (r1, r2) = (registry(d1.path()), registry(d2.path()));
+        let peer = Keypair::generate_ed25519();
+        assert_eq!(r1.fingerprint(), r2.fingerprint());
+        r1.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        assert_ne!(r1.fingerprint(), r2.fingerprint());
+        r2.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        assert_eq!(r1.fingerprint(), r2.fingerprint());
+        r2.apply(signed(&peer, &card("a", "2"), 6), 0).await.unwrap();
+        assert_ne!(r1.fingerprint(), r2.fingerprint(), "a newer seq differs");
     }
 
     #[tokio::test]

@@ -97,17 +97,15 @@ async fn handle(
     let now = now_millis();
     let outcome = match verified.message {
         Message::Card { body, card } => {
-            let update = Update::Upsert {
-                publisher,
-                seq: body.seq,
-                card: *card,
-                origin: Origin::Remote,
-                sig: verified.sig,
-            };
-            registry
-                .apply(update, now)
-                .await
-                .map(|applied| matches!(applied, Applied::Created { .. } | Applied::Updated { .. }))
+            let agent_id = body.agent_id;
+            let update =
+                Update::Upsert { publisher, seq: body.seq, card: *card, origin: Origin::Remote, sig: verified.sig };
+            let applied = registry.apply(update, now).await;
+            if let Ok(Applied::Created { seq } | Applied::Updated { seq }) = applied {
+                // The mesh measurements time propagation from this event.
+                tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
+            }
+            applied.map(|applied| matches!(applied, Applied::Created { .. } | Applied::Updated { .. }))
         }
         Message::Tombstone(t) => match t.agent_id {
             Some(agent_id) => registry

@@ -98,8 +98,13 @@ async fn handle(
     let outcome = match verified.message {
         Message::Card { body, card } => {
             let agent_id = body.agent_id;
-            let update =
-                Update::Upsert { publisher, seq: body.seq, card: *card, origin: Origin::Remote, sig: verified.sig };
+            let update = Update::Upsert {
+                publisher,
+                seq: body.seq,
+                card: *card,
+                origin: Origin::Remote,
+                sig: verified.sig,
+            };
             let applied = registry.apply(update, now).await;
             if let Ok(Applied::Created { seq } | Applied::Updated { seq }) = applied {
                 // The mesh measurements time propagation from this event.

@@ -1,0 +1,110 @@
+//! mDNS discovery between real processes: two daemons in two network namespaces joined by a veth pair,
+//! with no bootstrap address, find each other and share their cards. Needs root (it creates the
+//! namespaces; CI runs as root) and iproute2's `ip`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Two namespaces `a` and `b`, veth-linked on a private /24 that exists only between them.
+struct Namespaces {
+    a: String,
+    b: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("iproute2 `ip` is installed");
+    assert!(
+        out.status.success(),
+        "ip {}: {} (this test needs root)",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Namespaces {
+    fn create() -> Self {
+        let tag = std::process::id();
+        let (a, b) = (format!("amtest-a-{tag}"), format!("amtest-b-{tag}"));
+        let (va, vb) = (format!("amva{tag}"), format!("amvb{tag}"));
+        ip(&["netns", "add", &a]);
+        let ns = Namespaces { a: a.clone(), b: b.clone() };
+        ip(&["netns", "add", &b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &a]);
+        ip(&["link", "set", &vb, "netns", &b]);
+        ip(&["-n", &a, "addr", "add", "10.231.7.1/24", "dev", &va]);
+        ip(&["-n", &b, "addr", "add", "10.231.7.2/24", "dev", &vb]);
+        for (n, v) in [(&a, &va), (&b, &vb)] {
+            ip(&["-n", n, "link", "set", v, "up"]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        ns
+    }
+
+    fn run(&self, ns: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, BIN]).args(args);
+        cmd
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and with it the other end.
+        for n in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn two_namespaces_find_each_other_by_mdns_alone() {
+    let ns = Namespaces::create();
+    let dir = tempfile::tempdir().unwrap();
+    let card = dir.path().join("card.json");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/config/cards/research-agent.json"), &card).unwrap();
+    let start = |name: &str, extra: &[&str]| {
+        let data = dir.path().join(name);
+        let data = data.to_str().unwrap();
+        let mut args =
+            vec!["run", "--data-dir", data, "--http", "127.0.0.1:18080", "--listen", "/ip4/0.0.0.0/tcp/4001"];
+        args.extend_from_slice(extra);
+        let namespace = if name == "a" { &ns.a } else { &ns.b };
+        Daemon(ns.run(namespace, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    };
+    let _a = start("a", &["--card", card.to_str().unwrap()]);
+    let _b = start("b", &[]);
+    let a_id = String::from_utf8(
+        ns.run(&ns.a, &["id", "--data-dir", dir.path().join("a").to_str().unwrap()]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+
+    let begun = Instant::now();
+    loop {
+        let out = ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        // Connected to a, over the veth, and holding a's agent.
+        if shown.contains(&a_id)
+            && shown.contains("/ip4/10.231.7.1/tcp/4001")
+            && shown.contains("\"active\":1")
+        {
+            break;
+        }
+        assert!(begun.elapsed() < DEADLINE, "b never found a by mDNS:\n{shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

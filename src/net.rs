@@ -217,13 +217,24 @@ fn score_params() -> gossipsub::PeerScoreParams {
 
 fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     let err = |e: &dyn std::fmt::Display| NetError::Transport(e.to_string());
-    let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair.clone())
+    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair.clone())
         .with_tokio()
         .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
-        .map_err(|e| err(&e))?
+        .map_err(|e| err(&e))?;
+    // QUIC (listen on `/ip4/../udp/../quic-v1`) is an optional feature: it builds a TLS stack in C.
+    #[cfg(feature = "quic")]
+    let builder = builder.with_quic();
+    let swarm = builder
         .with_dns()
         .map_err(|e| err(&e))?
-        .with_behaviour(|key| {
+        .with_behaviour(|key| behaviour(key, config))
+        .map_err(|e| err(&e))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
+        .build();
+    Ok(swarm)
+}
+
+fn behaviour(key: &Keypair, config: &NetConfig) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
             let peer_id = key.public().to_peer_id();
             let gossip_config = gossipsub::ConfigBuilder::default()
                 .heartbeat_interval(GOSSIP_HEARTBEAT)
@@ -272,11 +283,6 @@ fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>
                 ping: ping::Behaviour::default(),
                 sync,
             })
-        })
-        .map_err(|e| err(&e))?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
-        .build();
-    Ok(swarm)
 }
 
 /// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns the tasks.

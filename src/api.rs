@@ -1,7 +1,7 @@
 //! The loopback HTTP API: discovery, native and AgentField registration, health.
 //!
 //! [`router`] builds the whole app from an [`AppState`]; tests and the node serve it the same way.
-//! Every route that writes sits behind [`require_writer`]: a loopback client, or a valid API key.
+//! Every route that writes sits behind `require_writer`: a loopback client, or a valid API key.
 
 pub mod agentfield;
 pub mod agents;

@@ -234,55 +234,46 @@ fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>
     Ok(swarm)
 }
 
-fn behaviour(key: &Keypair, config: &NetConfig) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
-            let peer_id = key.public().to_peer_id();
-            let gossip_config = gossipsub::ConfigBuilder::default()
-                .heartbeat_interval(GOSSIP_HEARTBEAT)
-                .mesh_n(MESH_N)
-                .mesh_n_low(MESH_N_LOW)
-                .mesh_n_high(MESH_N_HIGH)
-                // Our own messages go to the mesh like any other, not to every connected peer: a
-                // bootstrap node connected to the whole mesh would otherwise send each of its heartbeats
-                // to everyone.
-                .flood_publish(false)
-                .validation_mode(ValidationMode::Strict)
-                .validate_messages()
-                .message_id_fn(message_id)
-                .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let mut gossipsub =
-                gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
-            gossipsub.with_peer_score(score_params(), gossipsub::PeerScoreThresholds::default())?;
-            let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
-            kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
-            let mut kad =
-                kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
-            // On a LAN or a docker network nothing confirms an external address: stay a server.
-            kad.set_mode(Some(kad::Mode::Server));
-            let mdns = if config.mdns {
-                Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?)
-            } else {
-                None
-            };
-            let identify =
-                identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
-            let codec = request_response::cbor::codec::Codec::default()
-                .set_request_size_maximum(sync::MAX_REQUEST_BYTES)
-                .set_response_size_maximum(sync::MAX_RESPONSE_BYTES);
-            let sync = request_response::Behaviour::with_codec(
-                codec,
-                [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
-                request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
-            );
-            Ok(Behaviour {
-                gossipsub,
-                kad,
-                mdns: mdns.into(),
-                identify,
-                ping: ping::Behaviour::default(),
-                sync,
-            })
+fn behaviour(
+    key: &Keypair,
+    config: &NetConfig,
+) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let peer_id = key.public().to_peer_id();
+    let gossip_config = gossipsub::ConfigBuilder::default()
+        .heartbeat_interval(GOSSIP_HEARTBEAT)
+        .mesh_n(MESH_N)
+        .mesh_n_low(MESH_N_LOW)
+        .mesh_n_high(MESH_N_HIGH)
+        // Our own messages go to the mesh like any other, not to every connected peer: a
+        // bootstrap node connected to the whole mesh would otherwise send each of its heartbeats
+        // to everyone.
+        .flood_publish(false)
+        .validation_mode(ValidationMode::Strict)
+        .validate_messages()
+        .message_id_fn(message_id)
+        .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
+    gossipsub.with_peer_score(score_params(), gossipsub::PeerScoreThresholds::default())?;
+    let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+    kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
+    let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
+    // On a LAN or a docker network nothing confirms an external address: stay a server.
+    kad.set_mode(Some(kad::Mode::Server));
+    let mdns =
+        if config.mdns { Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?) } else { None };
+    let identify =
+        identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
+    let codec = request_response::cbor::codec::Codec::default()
+        .set_request_size_maximum(sync::MAX_REQUEST_BYTES)
+        .set_response_size_maximum(sync::MAX_RESPONSE_BYTES);
+    let sync = request_response::Behaviour::with_codec(
+        codec,
+        [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
+    );
+    Ok(Behaviour { gossipsub, kad, mdns: mdns.into(), identify, ping: ping::Behaviour::default(), sync })
 }
 
 /// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns the tasks.

@@ -450,7 +450,7 @@ impl Registry {
                     card.json().to_owned(),
                     &sig,
                 );
-                if let Err(e) = self.store.put(&row).await {
+                if let Err(e) = self.store.put(&row, origin != Origin::Remote).await {
                     if created && origin == Origin::Remote {
                         self.remote.release(publisher);
                     }
@@ -473,7 +473,7 @@ impl Registry {
                 if held.is_none() || !accepts(held, seq) {
                     return Ok(Applied::Stale { held });
                 }
-                self.store.remove(&key.agent_id, &publisher.to_bytes()).await?;
+                self.store.remove(&key.agent_id, &publisher.to_bytes(), publisher == self.me).await?;
                 if let Some(e) = map.remove(&key) {
                     if e.origin == Origin::Remote {
                         self.remote.release(publisher);

@@ -213,7 +213,7 @@ impl Registry {
             let current =
                 map.get(&key).filter(|e| e.seq == seq && e.live.last().unwrap_or(e.updated_at) < horizon);
             if current.is_some() {
-                self.store.remove(&key.agent_id, &key.publisher.to_bytes()).await?;
+                self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
                 map.remove(&key);
                 self.remote.release(key.publisher);
                 evicted += 1;

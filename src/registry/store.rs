@@ -137,20 +137,28 @@ impl Store {
         Ok(unreadable)
     }
 
-    /// Writes the row and returns once it is on disk.
-    pub async fn put(&self, row: &Row) -> Result<(), StoreError> {
+    /// Writes the row; with `durable`, returns only once it is on disk. Local records are durable
+    /// before they are acknowledged; remote ones can always be fetched again from the mesh, so they ride
+    /// on sled's periodic flush instead of paying an fsync each.
+    pub async fn put(&self, row: &Row, durable: bool) -> Result<(), StoreError> {
         let mut value = Vec::with_capacity(row.card.len() + 64);
         // Encoding into a Vec cannot fail for this plain struct.
         ciborium::into_writer(row, &mut value)
             .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
         self.records.insert(row.key(), value).map_err(StoreError::Write)?;
-        self.flush().await
+        if durable {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
-    /// Removes the row and returns once that is on disk.
-    pub async fn remove(&self, agent_id: &str, publisher: &[u8]) -> Result<(), StoreError> {
+    /// Removes the row; with `durable`, returns only once that is on disk.
+    pub async fn remove(&self, agent_id: &str, publisher: &[u8], durable: bool) -> Result<(), StoreError> {
         self.records.remove(row_key(agent_id, publisher)).map_err(StoreError::Write)?;
-        self.flush().await
+        if durable {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
     pub async fn flush(&self) -> Result<(), StoreError> {
@@ -181,7 +189,7 @@ mod tests {
         let row = Row::new(&[1, 2, 3], "a".into(), 7, 1, 42, "{}".into(), &[9; 64]);
         {
             let store = Store::open(dir.path()).unwrap();
-            store.put(&row).await.unwrap();
+            store.put(&row, true).await.unwrap();
             store.records.insert(b"junk", b"not cbor".to_vec()).unwrap();
             store.flush().await.unwrap();
         }
@@ -189,7 +197,7 @@ mod tests {
         let mut rows = Vec::new();
         assert_eq!(store.load(|r| rows.push(r)).unwrap(), 1, "one unreadable row");
         assert_eq!(rows, vec![row.clone()]);
-        store.remove("a", &[1, 2, 3]).await.unwrap();
+        store.remove("a", &[1, 2, 3], true).await.unwrap();
         let mut count = 0;
         store.load(|_| count += 1).unwrap();
         assert_eq!(count, 0);

@@ -75,6 +75,12 @@ pub struct RunArgs {
     /// Card file (JSON) to register at start (repeatable; comma-separated in the variable).
     #[arg(long = "card", env = "AGENTMESH_CARDS", value_name = "PATH", value_delimiter = ',')]
     pub cards: Vec<PathBuf>,
+    /// Probe local card/native agents this often (GET base_url + probe path); unset: no probes.
+    #[arg(long, env = "AGENTMESH_PROBE_INTERVAL", value_name = "DURATION", value_parser = duration)]
+    pub probe_interval: Option<Duration>,
+    /// Path probed under each agent's base_url.
+    #[arg(long, env = "AGENTMESH_PROBE_PATH", value_name = "PATH")]
+    pub probe_path: Option<String>,
     /// Log format.
     #[arg(long, env = "AGENTMESH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -117,6 +123,12 @@ impl RunArgs {
         }
         if !self.cards.is_empty() {
             c.cards = self.cards.clone();
+        }
+        if let Some(v) = self.probe_interval {
+            c.probe_interval = Some(v);
+        }
+        if let Some(v) = &self.probe_path {
+            c.probe_path = v.clone();
         }
         if let Some(v) = self.log_format {
             c.log_format = v;

@@ -62,6 +62,12 @@ pub struct Config {
     pub evict_after: Duration,
     /// Card files (JSON) registered as local agents at start. Default none.
     pub cards: Vec<PathBuf>,
+    /// How often to probe local agents registered by card file or the native API (GET base_url +
+    /// probe_path). Default unset: no probes; the node vouches for them while it runs.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Option<Duration>,
+    /// Path probed under each agent's base_url. Default `/health`.
+    pub probe_path: String,
     /// `text` or `json`. Default `text`.
     pub log_format: LogFormat,
     /// Key that lets non-loopback clients write. Default unset: only loopback clients may write.
@@ -81,6 +87,8 @@ impl Default for Config {
             inactive_after: defaults::INACTIVE_AFTER,
             evict_after: defaults::EVICT_AFTER,
             cards: Vec::new(),
+            probe_interval: None,
+            probe_path: defaults::PROBE_PATH.to_owned(),
             log_format: LogFormat::Text,
             api_key: None,
         }
@@ -100,6 +108,8 @@ impl fmt::Debug for Config {
             .field("inactive_after", &self.inactive_after)
             .field("evict_after", &self.evict_after)
             .field("cards", &self.cards)
+            .field("probe_interval", &self.probe_interval)
+            .field("probe_path", &self.probe_path)
             .field("log_format", &self.log_format)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish()
@@ -167,6 +177,12 @@ impl Config {
                     fmt_d(self.inactive_after)
                 ),
             );
+        }
+        if self.probe_interval.is_some_and(|p| p.is_zero()) {
+            return invalid("probe_interval", "must be above zero".into());
+        }
+        if !self.probe_path.starts_with('/') {
+            return invalid("probe_path", format!("`{}` must start with /", self.probe_path));
         }
         if self.api_key.as_deref().is_some_and(|k| k.len() < 16) {
             return invalid("api_key", "must be at least 16 characters".into());

@@ -20,6 +20,8 @@ pub const DEGRADED_AFTER: Duration = Duration::from_secs(7);
 pub const INACTIVE_AFTER: Duration = Duration::from_secs(20);
 /// Heartbeat age after which a remote agent leaves the view.
 pub const EVICT_AFTER: Duration = Duration::from_secs(600);
+/// Path probed under a local agent's base_url when probes are on.
+pub const PROBE_PATH: &str = "/health";
 /// Whether mDNS discovery is on.
 pub const MDNS: bool = true;
 

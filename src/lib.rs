@@ -15,6 +15,7 @@
 //!   tombstones; verification before decoding (pure).
 //! - [`net`]: the mesh: one event-loop task owns the libp2p swarm (gossipsub, Kademlia, mDNS, identify,
 //!   ping, request-response sync); an ingest worker verifies and applies what peers send.
+//! - [`probe`]: optional liveness probes of local agents that do not heartbeat for themselves.
 //! - [`node`]: the facade that starts all of the above and owns shutdown.
 //!
 //! Tasks: the HTTP server, the mesh event loop, the ingest worker. Writers are serialised by the
@@ -28,6 +29,7 @@ pub mod defaults;
 pub mod identity;
 pub mod net;
 pub mod node;
+pub mod probe;
 pub mod query;
 pub mod registry;
 pub mod wire;

@@ -100,6 +100,14 @@ impl Node {
         }
         let app = api::router(AppState::new(registry.clone(), config.api_key.clone()).with_net(net.clone()));
         let cancel = CancellationToken::new();
+        if let Some(interval) = config.probe_interval {
+            tokio::spawn(crate::probe::run(
+                registry.clone(),
+                interval,
+                config.probe_path.clone(),
+                cancel.clone(),
+            ));
+        }
         let stop = cancel.clone();
         let http = tokio::spawn(async move {
             axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())

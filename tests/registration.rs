@@ -220,3 +220,32 @@ async fn a_bad_card_file_refuses_start_naming_the_file() {
     let err = agentmesh::node::Node::start(cfg).await.err().expect("start fails").to_string();
     assert!(err.contains("broken.json") && err.contains("skills[0].id"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_report_a_card_agent_that_stops_answering() {
+    // The agent: a real HTTP server answering /health, which we can stop.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let agent_addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.probe_interval = Some(std::time::Duration::from_millis(100));
+    let n = TestNode::start(cfg).await;
+    let mut card = fixture_cards()[2].clone();
+    card["base_url"] = serde_json::json!(format!("http://{agent_addr}"));
+    n.register(&card).await;
+    assert_eq!(n.health_of("gamma-i18n").await, "active");
+
+    server.abort();
+    let _ = server.await;
+    n.wait_for("degraded after a failed probe", || async {
+        (n.health_of("gamma-i18n").await == "degraded").then_some(())
+    })
+    .await;
+    n.wait_for("inactive after three", || async {
+        (n.health_of("gamma-i18n").await == "inactive").then_some(())
+    })
+    .await;
+}

@@ -63,6 +63,8 @@ pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
 pub const MESH_N: usize = 4;
 pub const MESH_N_LOW: usize = 3;
 pub const MESH_N_HIGH: usize = 8;
+/// Non-mesh peers told (IHAVE) about recent messages at each gossipsub heartbeat (gossipsub: 6).
+pub const GOSSIP_LAZY: usize = 3;
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);

@@ -148,35 +148,18 @@ impl Config {
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be above zero".into());
         }
-        if self.degraded_after <= self.heartbeat_interval {
-            return invalid(
-                "degraded_after",
-                format!(
-                    "{} must be longer than heartbeat_interval ({})",
-                    fmt_d(self.degraded_after),
-                    fmt_d(self.heartbeat_interval)
-                ),
-            );
-        }
-        if self.inactive_after <= self.degraded_after {
-            return invalid(
-                "inactive_after",
-                format!(
-                    "{} must be longer than degraded_after ({})",
-                    fmt_d(self.inactive_after),
-                    fmt_d(self.degraded_after)
-                ),
-            );
-        }
-        if self.evict_after <= self.inactive_after {
-            return invalid(
-                "evict_after",
-                format!(
-                    "{} must be longer than inactive_after ({})",
-                    fmt_d(self.evict_after),
-                    fmt_d(self.inactive_after)
-                ),
-            );
+        // Each threshold must be longer than the one before it.
+        let ladder = [
+            ("heartbeat_interval", self.heartbeat_interval, "degraded_after", self.degraded_after),
+            ("degraded_after", self.degraded_after, "inactive_after", self.inactive_after),
+            ("inactive_after", self.inactive_after, "evict_after", self.evict_after),
+        ];
+        for (shorter_name, shorter, setting, longer) in ladder {
+            if longer <= shorter {
+                let reason =
+                    format!("{} must be longer than {shorter_name} ({})", fmt_d(longer), fmt_d(shorter));
+                return invalid(setting, reason);
+            }
         }
         if self.probe_interval.is_some_and(|p| p.is_zero()) {
             return invalid("probe_interval", "must be above zero".into());

@@ -105,7 +105,7 @@ pub struct Counters {
     inner: std::sync::Mutex<CounterState>,
 }
 
-#[derive(Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize)]
 pub struct CounterState {
     pub messages_in: u64,
     pub messages_out: u64,
@@ -139,13 +139,8 @@ pub struct Status {
     pub routing_table_size: usize,
     pub records: BTreeMap<&'static str, usize>,
     pub last_sync: Option<String>,
-    pub messages_in: u64,
-    pub messages_out: u64,
-    pub accepted: u64,
-    pub ignored: u64,
-    pub rejected: BTreeMap<&'static str, u64>,
-    pub signature_failures: u64,
-    pub sync_rounds: u64,
+    #[serde(flatten)]
+    pub counters: CounterState,
 }
 
 /// One connected peer, for `GET /api/v1/mesh/peers`.
@@ -574,13 +569,7 @@ impl EventLoop {
             routing_table_size,
             records,
             last_sync: counters.last_sync_ms.map(rfc3339),
-            messages_in: counters.messages_in,
-            messages_out: counters.messages_out,
-            accepted: counters.accepted,
-            ignored: counters.ignored,
-            rejected: counters.rejected,
-            signature_failures: counters.signature_failures,
-            sync_rounds: counters.sync_rounds,
+            counters,
         }
     }
 

@@ -26,21 +26,24 @@ pub fn render(sel: &Selection<'_>, now: Millis) -> Vec<u8> {
     for hit in &sel.page {
         let agent_id = hit.entry.key.agent_id.as_str();
         // The packed index holds exactly what this format shows: no need to parse the card.
-        for (_, cap) in hit.entry.card.reasoners().enumerate().filter(|(i, _)| hit.reasoners.contains(i)) {
-            response.reasoners.push(Item {
-                id: cap.id,
-                agent_id,
-                target: reasoner_target(agent_id, cap.id),
-                tags: cap.tags.collect(),
-            });
-        }
-        for (_, cap) in hit.entry.card.skills().enumerate().filter(|(i, _)| hit.skills.contains(i)) {
-            response.skills.push(Item {
-                id: cap.id,
-                agent_id,
-                target: skill_target(agent_id, cap.id),
-                tags: cap.tags.collect(),
-            });
+        let kinds = [
+            (
+                hit.entry.card.reasoners(),
+                &hit.reasoners,
+                &mut response.reasoners,
+                reasoner_target as fn(&str, &str) -> String,
+            ),
+            (hit.entry.card.skills(), &hit.skills, &mut response.skills, skill_target),
+        ];
+        for (caps, wanted, out, target) in kinds {
+            for (_, cap) in caps.enumerate().filter(|(i, _)| wanted.contains(i)) {
+                out.push(Item {
+                    id: cap.id,
+                    agent_id,
+                    target: target(agent_id, cap.id),
+                    tags: cap.tags.collect(),
+                });
+            }
         }
     }
     serde_json::to_vec(&response).unwrap_or_default()

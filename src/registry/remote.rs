@@ -401,6 +401,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_publisher_cannot_fill_the_view_beyond_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let flooder = Keypair::generate_ed25519();
+        let template = card("x", "1");
+        for i in 0..MAX_AGENTS_PER_PUBLISHER {
+            let mut c = template.clone();
+            c.agent_id = format!("flood-{i}");
+            assert!(matches!(r.apply(signed(&flooder, &c, 1), 0).await.unwrap(), Applied::Created { .. }));
+        }
+        let mut extra = template.clone();
+        extra.agent_id = "one-too-many".into();
+        assert_eq!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::Stale { held: None });
+        // Updates of what it holds still apply, and other publishers are unaffected.
+        let mut again = template.clone();
+        again.agent_id = "flood-0".into();
+        assert!(matches!(r.apply(signed(&flooder, &again, 2), 0).await.unwrap(), Applied::Updated { .. }));
+        let honest = Keypair::generate_ed25519();
+        assert!(matches!(r.apply(signed(&honest, &extra, 1), 0).await.unwrap(), Applied::Created { .. }));
+        // A removal frees a slot.
+        let p = flooder.public().to_peer_id();
+        r.apply(Update::Remove { publisher: p, agent_id: "flood-1".into(), seq: 5 }, 0).await.unwrap();
+        assert!(matches!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::Created { .. }));
+    }
+
+    #[tokio::test]
     async fn equal_views_have_equal_fingerprints() {
         let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (r1, r2) = (registry(d1.path()), registry(d2.path()));

@@ -62,7 +62,7 @@ pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
 /// message reaches each node about `MESH_N` times, and heartbeats are most of the traffic.
 pub const MESH_N: usize = 4;
 pub const MESH_N_LOW: usize = 3;
-pub const MESH_N_HIGH: usize = 8;
+pub const MESH_N_HIGH: usize = 6;
 /// Non-mesh peers told (IHAVE) about recent messages at each gossipsub heartbeat (gossipsub: 6).
 pub const GOSSIP_LAZY: usize = 3;
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the

@@ -58,6 +58,10 @@ pub const REDIAL_MIN: Duration = Duration::from_secs(1);
 pub const REDIAL_MAX: Duration = Duration::from_secs(60);
 /// How long a leaving node keeps polling the swarm so that its goodbye goes out.
 pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
+/// How often mDNS asks the LAN who is there (libp2p's default: 5 min). Only the lower PeerId of a pair
+/// dials, so a node whose first query went out before its neighbour was up must ask again soon, or the
+/// pair stays apart until the next query.
+pub const MDNS_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 /// Gossipsub mesh degree (target, low and high water marks). Lower than gossipsub's 6 / 5 / 12: every
 /// message reaches each node about `MESH_N` times, and heartbeats are most of the traffic.
 pub const MESH_N: usize = 4;
@@ -258,8 +262,12 @@ fn behaviour(
     let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
     // On a LAN or a docker network nothing confirms an external address: stay a server.
     kad.set_mode(Some(kad::Mode::Server));
-    let mdns =
-        if config.mdns { Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?) } else { None };
+    let mdns = if config.mdns {
+        let mdns_config = mdns::Config { query_interval: MDNS_QUERY_INTERVAL, ..Default::default() };
+        Some(mdns::tokio::Behaviour::new(mdns_config, peer_id)?)
+    } else {
+        None
+    };
     let identify =
         identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
     let codec = request_response::cbor::codec::Codec::default()

@@ -84,8 +84,7 @@ fn two_namespaces_find_each_other_by_mdns_alone() {
         let namespace = if name == "a" { &ns.a } else { &ns.b };
         Daemon(ns.run(namespace, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
     };
-    let _a = start("a", &["--card", card.to_str().unwrap()]);
-    let _b = start("b", &[]);
+    // a's identity exists before a runs, so the id printed is the one a will use.
     let a_id = String::from_utf8(
         ns.run(&ns.a, &["id", "--data-dir", dir.path().join("a").to_str().unwrap()]).output().unwrap().stdout,
     )
@@ -93,6 +92,15 @@ fn two_namespaces_find_each_other_by_mdns_alone() {
     .trim()
     .to_owned();
 
+    // b first, and serving, before a exists: b's first mDNS query finds nobody, and when a's PeerId is
+    // the higher one a does not dial, so the pair meets only when b asks again.
+    let _b = start("b", &[]);
+    let begun = Instant::now();
+    while !ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap().status.success() {
+        assert!(begun.elapsed() < DEADLINE, "b never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _a = start("a", &["--card", card.to_str().unwrap()]);
     let begun = Instant::now();
     loop {
         let out = ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap();

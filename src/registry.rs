@@ -171,6 +171,23 @@ impl Entry {
         thresholds.health(now, self.last_heartbeat(now), self.reported())
     }
 
+    /// Records a sign of life; true when that changed the entry's derived health at `now`.
+    fn beat_changes_health(&self, now: Millis, reported: Reported, thresholds: &Thresholds) -> bool {
+        let before = self.health(now, thresholds);
+        self.live.beat(now, reported);
+        self.health(now, thresholds) != before
+    }
+
+    /// The signed card message of this record, exactly as its publisher made it (see `wire`).
+    pub fn signed_message(&self) -> Vec<u8> {
+        let body = crate::wire::CardBody {
+            agent_id: self.key.agent_id.clone(),
+            seq: self.seq,
+            card: self.card.json().to_owned(),
+        };
+        crate::wire::reseal_card(self.key.publisher, &body, self.sig.to_vec())
+    }
+
     /// When this entry's health would next change without a heartbeat.
     pub fn next_health_change(&self, now: Millis, thresholds: &Thresholds) -> Option<Millis> {
         match self.origin {
@@ -201,6 +218,11 @@ impl Snapshot {
             self.entries[start..].iter().take_while(|e| e.key.agent_id == agent_id).collect();
         found.sort_by_key(|e| !e.is_local());
         found
+    }
+
+    /// The record of `agent_id` published by `publisher`.
+    pub fn get(&self, agent_id: &str, publisher: &PeerId) -> Option<&Arc<Entry>> {
+        self.by_agent_id(agent_id).into_iter().find(|e| e.key.publisher == *publisher)
     }
 }
 
@@ -500,18 +522,12 @@ impl Registry {
         now: Millis,
     ) -> Result<Health, RegistryError> {
         let snapshot = self.snapshot();
-        let entry = snapshot
-            .by_agent_id(agent_id)
-            .into_iter()
-            .find(|e| e.key.publisher == self.me)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(agent_id.to_owned()))?;
-        let before = entry.health(now, &self.thresholds);
-        entry.live.beat(now, reported.unwrap_or_else(|| entry.reported()));
-        let after = entry.health(now, &self.thresholds);
-        if before != after {
+        let entry =
+            snapshot.get(agent_id, &self.me).ok_or_else(|| RegistryError::NotFound(agent_id.to_owned()))?;
+        if entry.beat_changes_health(now, reported.unwrap_or_else(|| entry.reported()), &self.thresholds) {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
         }
+        let after = entry.health(now, &self.thresholds);
         Ok(after)
     }
 

@@ -10,7 +10,7 @@ use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
-use crate::wire::{self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
+use crate::wire::{HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
 
 /// A publisher's agent list and its digest.
 type KnownList = (u64, Arc<Vec<HeartbeatAgent>>);
@@ -128,13 +128,9 @@ impl Registry {
         };
         let mut changed = false;
         for agent in list.iter() {
-            let held =
-                snapshot.by_agent_id(&agent.agent_id).into_iter().find(|e| e.key.publisher == publisher);
-            match held {
+            match snapshot.get(&agent.agent_id, &publisher) {
                 Some(entry) if entry.seq >= agent.seq => {
-                    let before = entry.health(now, &self.thresholds);
-                    entry.live.beat(now, agent.reported);
-                    changed |= entry.health(now, &self.thresholds) != before;
+                    changed |= entry.beat_changes_health(now, agent.reported, &self.thresholds);
                     outcome.refreshed += 1;
                 }
                 _ => outcome.missing.push(agent.agent_id.clone()),
@@ -250,15 +246,7 @@ impl Registry {
 
     /// The signed card message of a record, exactly as its publisher made it.
     pub fn signed_card(&self, key: &RecordKey) -> Option<Vec<u8>> {
-        let snapshot = self.snapshot();
-        let entry =
-            snapshot.by_agent_id(&key.agent_id).into_iter().find(|e| e.key.publisher == key.publisher)?;
-        let body = CardBody {
-            agent_id: entry.key.agent_id.clone(),
-            seq: entry.seq,
-            card: entry.card.json().to_owned(),
-        };
-        Some(wire::reseal_card(entry.key.publisher, &body, entry.sig.to_vec()))
+        self.snapshot().get(&key.agent_id, &key.publisher).map(|e| e.signed_message())
     }
 
     /// Signed messages for every record held that `theirs` lacks or holds at an older seq.
@@ -268,11 +256,7 @@ impl Registry {
             .entries
             .iter()
             .filter(|e| theirs.get(&(e.key.publisher, e.key.agent_id.clone())).is_none_or(|&seq| seq < e.seq))
-            .map(|e| {
-                let body =
-                    CardBody { agent_id: e.key.agent_id.clone(), seq: e.seq, card: e.card.json().to_owned() };
-                wire::reseal_card(e.key.publisher, &body, e.sig.to_vec())
-            })
+            .map(|e| e.signed_message())
             .collect()
     }
 
@@ -292,6 +276,7 @@ mod tests {
     use crate::card::AgentCard;
     use crate::registry::health::Thresholds;
     use crate::registry::{Applied, Liveness, Update};
+    use crate::wire::{self, CardBody};
     use libp2p::identity::Keypair;
 
     fn card(id: &str, version: &str) -> AgentCard {

@@ -67,8 +67,11 @@ pub const MDNS_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 pub const MESH_N: usize = 4;
 pub const MESH_N_LOW: usize = 3;
 pub const MESH_N_HIGH: usize = 6;
-/// Non-mesh peers told (IHAVE) about recent messages at each gossipsub heartbeat (gossipsub: 6).
+/// Non-mesh peers told (IHAVE) about recent messages at each gossipsub heartbeat (gossipsub: 6)...
 pub const GOSSIP_LAZY: usize = 3;
+/// ...or this share of all non-mesh peers if more (gossipsub: 0.25, which on a node connected to a
+/// whole 50-node mesh would tell 11 peers every second about every recent message).
+pub const GOSSIP_FACTOR: f64 = 0.05;
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -249,13 +252,18 @@ fn behaviour(
         // bootstrap node connected to the whole mesh would otherwise send each of its heartbeats
         // to everyone.
         .flood_publish(false)
-        .validation_mode(ValidationMode::Strict)
+        .gossip_lazy(GOSSIP_LAZY)
+        .gossip_factor(GOSSIP_FACTOR)
+        // Every message carries its publisher's own signature (`wire`), verified by the application
+        // before anything is used, so gossipsub's second signature, author and seqno (about 120 bytes
+        // of every copy of every heartbeat) buy nothing: messages are anonymous and content-addressed.
+        .validation_mode(ValidationMode::Anonymous)
         .validate_messages()
         .message_id_fn(message_id)
         .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
         .build()
         .map_err(|e| e.to_string())?;
-    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
+    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Anonymous, gossip_config)?;
     gossipsub.with_peer_score(score_params(), gossipsub::PeerScoreThresholds::default())?;
     let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
     kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
@@ -332,7 +340,9 @@ pub async fn spawn(
         addrs: HashMap::new(),
         listen_addrs: Vec::new(),
         last_list: None,
-        beats_since_full: 0,
+        list_beats: 0,
+        own_list: None,
+        list_fetches: HashMap::new(),
     };
     let task = tokio::spawn(event_loop.run());
     Ok((NetHandle { tx, peer_id }, task))
@@ -368,9 +378,13 @@ struct EventLoop {
     rtts: HashMap<PeerId, Duration>,
     addrs: HashMap<PeerId, HashSet<Multiaddr>>,
     listen_addrs: Vec<Multiaddr>,
-    /// Digest of the agent list last sent in full, and beats since.
+    /// Digest of this node's agent list, and the beats that carried it so far.
     last_list: Option<u64>,
-    beats_since_full: u32,
+    list_beats: u32,
+    /// The signed heartbeat that last carried this node's list, for nodes that fetch it.
+    own_list: Option<Arc<[u8]>>,
+    /// When each publisher's list may be fetched again.
+    list_fetches: HashMap<PeerId, Instant>,
 }
 
 impl EventLoop {
@@ -439,16 +453,20 @@ impl EventLoop {
         let now = now_millis();
         let agents = self.registry.local_agents(now);
         let digest = wire::agents_digest(&agents);
-        let full = self.last_list != Some(digest) || self.beats_since_full + 1 >= wire::FULL_HEARTBEAT_EVERY;
-        if full {
+        if self.last_list != Some(digest) {
             self.last_list = Some(digest);
-            self.beats_since_full = 0;
-        } else {
-            self.beats_since_full += 1;
+            self.list_beats = 0;
         }
-        let body = HeartbeatBody { sent_at: now, digest, agents: full.then_some(agents) };
+        let with_list = self.list_beats < wire::LIST_REPEATS;
+        self.list_beats = self.list_beats.saturating_add(1);
+        let body = HeartbeatBody { sent_at: now, digest, agents: with_list.then_some(agents) };
         let msg = wire::seal_heartbeat(&self.keypair, &body);
+        if with_list {
+            self.own_list = Some(msg.as_slice().into());
+        }
         self.publish(&self.heartbeats.clone(), msg);
+        let stale = Instant::now();
+        self.list_fetches.retain(|_, &mut at| at > stale);
         let registry = self.registry.clone();
         let evict_after = self.config.evict_after;
         tokio::spawn(async move {
@@ -519,6 +537,19 @@ impl EventLoop {
                     &source,
                     acceptance,
                 );
+            }
+            Verdict::FetchList { from, publisher } => {
+                let now = Instant::now();
+                let due = self.list_fetches.get(&publisher).is_none_or(|&at| now >= at);
+                if !due {
+                    return;
+                }
+                // At most one fetch per publisher per heartbeat interval; the sender accepted the
+                // heartbeat, so it most likely holds the list.
+                self.list_fetches.insert(publisher, now + self.config.heartbeat_interval);
+                let peer = if self.swarm.is_connected(&publisher) { publisher } else { from };
+                let request = SyncRequest::List { publisher: ByteBuf::from(publisher.to_bytes()) };
+                self.swarm.behaviour_mut().sync.send_request(&peer, request);
             }
             Verdict::Pull { from, publisher, agent_ids } => {
                 // Ask the publisher itself when connected: it surely holds its newest cards.
@@ -639,7 +670,6 @@ impl EventLoop {
                 let inbound = Inbound::Gossip {
                     message_id: message_id.clone(),
                     source: propagation_source,
-                    author: message.source,
                     data: message.data,
                 };
                 if self.ingest.try_send(inbound).is_err() {
@@ -692,7 +722,7 @@ impl EventLoop {
                         self.swarm.behaviour_mut().sync.send_request(&peer, request);
                     }
                     if !response.cards.is_empty() {
-                        let inbound = Inbound::Cards { from: peer, cards: response.cards };
+                        let inbound = Inbound::Signed { from: peer, messages: response.cards };
                         if self.ingest.try_send(inbound).is_err() {
                             tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
                         }
@@ -725,6 +755,15 @@ impl EventLoop {
                     .into_iter()
                     .filter_map(|agent_id| self.registry.signed_card(&RecordKey { agent_id, publisher }))
                     .collect()
+            }
+            SyncRequest::List { publisher } => {
+                let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
+                let list = if publisher == *self.swarm.local_peer_id() {
+                    self.own_list.clone()
+                } else {
+                    self.registry.signed_list(&publisher)
+                };
+                list.map(|l| vec![l.to_vec()]).unwrap_or_default()
             }
         };
         let cards = cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();

@@ -105,7 +105,8 @@ impl Default for Live {
 
 impl Live {
     fn beat(&self, now: Millis, reported: Reported) {
-        self.last_heartbeat.store(now.max(1), Ordering::Release);
+        // A beat never moves the time back (a fetched list is applied at an earlier arrival time).
+        self.last_heartbeat.fetch_max(now.max(1), Ordering::AcqRel);
         self.reported.store(reported.to_u8(), Ordering::Release);
     }
 
@@ -257,6 +258,13 @@ pub enum Applied {
     },
 }
 
+impl Applied {
+    /// Whether the view changed.
+    pub fn changed_view(&self) -> bool {
+        matches!(self, Applied::Created { .. } | Applied::Updated { .. } | Applied::Removed { .. })
+    }
+}
+
 /// The pure rule: highest seq wins; equal or older is stale.
 pub fn accepts(held: Option<u64>, incoming: u64) -> bool {
     held.is_none_or(|held| incoming > held)
@@ -396,6 +404,7 @@ impl Registry {
                 let sig = self.sign(&card, seq);
                 let update = Update::Upsert { publisher: self.me, seq, card, origin, sig };
                 let applied = self.apply_locked(&mut map, update, now).await?;
+                self.publish(&map);
                 let _ = self.changes.send(LocalChange::Card { agent_id: key.agent_id.clone() });
                 applied
             }
@@ -419,6 +428,7 @@ impl Registry {
         let seq = next_local_seq(Some(held), now);
         let update = Update::Remove { publisher: self.me, agent_id: agent_id.to_owned(), seq };
         let applied = self.apply_locked(&mut map, update, now).await?;
+        self.publish(&map);
         let _ = self.changes.send(LocalChange::Removed { agent_id: agent_id.to_owned(), seq });
         Ok(applied)
     }
@@ -440,9 +450,28 @@ impl Registry {
     /// The single door into the view, for local and remote changes alike.
     pub async fn apply(&self, update: Update, now: Millis) -> Result<Applied, RegistryError> {
         let mut map = self.writer.lock().await;
-        self.apply_locked(&mut map, update, now).await
+        let applied = self.apply_locked(&mut map, update, now).await;
+        if applied.as_ref().is_ok_and(Applied::changed_view) {
+            self.publish(&map);
+        }
+        applied
     }
 
+    /// Applies many updates (a sync response) and publishes the view once: building a snapshot is
+    /// O(records), so a node catching up on thousands of cards must not build one per card.
+    pub async fn apply_many(&self, updates: Vec<Update>, now: Millis) -> Vec<Result<Applied, RegistryError>> {
+        let mut map = self.writer.lock().await;
+        let mut results = Vec::with_capacity(updates.len());
+        for update in updates {
+            results.push(self.apply_locked(&mut map, update, now).await);
+        }
+        if results.iter().any(|r| r.as_ref().is_ok_and(Applied::changed_view)) {
+            self.publish(&map);
+        }
+        results
+    }
+
+    /// Applies one update to the writer's map and the store; the caller publishes the view.
     async fn apply_locked(
         &self,
         map: &mut BTreeMap<RecordKey, Arc<Entry>>,
@@ -505,7 +534,6 @@ impl Registry {
                 Applied::Removed { seq }
             }
         };
-        self.publish(map);
         Ok(applied)
     }
 

@@ -1,6 +1,8 @@
 //! The mesh wire format: versioned CBOR envelopes signed by the publishing node's key.
 //!
-//! Every message is `Envelope { v, kind, publisher, body, sig }`. The signature covers
+//! Every message is the CBOR array `[v, kind, publisher, body, sig]` (arrays, not maps: field names would
+//! be a fifth of a heartbeat). Every version keeps this five-element shape so that a node can tell an
+//! unknown version from garbage. The signature covers
 //! `"agentmesh/v1/" kind "\0" body`, so a signature made for one kind can never be replayed as another.
 //! [`open`] checks size, version, publisher key and signature before it decodes the body: nothing a peer
 //! sends is interpreted until its signature verifies. Pure: no I/O, no clock.
@@ -83,13 +85,26 @@ impl Kind {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug)]
 struct Envelope {
     v: u8,
     kind: u8,
     publisher: ByteBuf,
     body: ByteBuf,
     sig: ByteBuf,
+}
+
+impl Serialize for Envelope {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.v, self.kind, &self.publisher, &self.body, &self.sig).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (v, kind, publisher, body, sig) = Deserialize::deserialize(d)?;
+        Ok(Envelope { v, kind, publisher, body, sig })
+    }
 }
 
 /// A card at a seq. `card` is the canonical JSON of the card (what [`AgentCard::to_json`] writes).
@@ -100,31 +115,59 @@ pub struct CardBody {
     pub card: String,
 }
 
-/// One agent in a heartbeat: the card seq the publisher holds, and the agent's own status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One agent in a heartbeat: the card seq the publisher holds, and the agent's own status. On the wire
+/// `[agent_id, seq, reported]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatAgent {
     pub agent_id: String,
     pub seq: u64,
     pub reported: Reported,
 }
 
+impl Serialize for HeartbeatAgent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.agent_id, self.seq, self.reported).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeartbeatAgent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (agent_id, seq, reported) = Deserialize::deserialize(d)?;
+        Ok(HeartbeatAgent { agent_id, seq, reported })
+    }
+}
+
 /// One per node per interval. `sent_at` (publisher's clock, ms) orders heartbeats and makes every one
 /// distinct, so gossip never drops one as a duplicate.
 ///
-/// The agent list travels only when it changed, and every `FULL_HEARTBEAT_EVERY` beats for nodes that
-/// missed it; in between a heartbeat carries just its `digest`, so its size does not grow with the
-/// number of agents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The agent list travels only in the `LIST_REPEATS` beats after it changed; otherwise a heartbeat
+/// carries just its `digest`, so its size does not grow with the number of agents. A node that holds no
+/// list for a digest fetches the signed heartbeat that carried it over sync. On the wire
+/// `[sent_at, digest, agents or null]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatBody {
     pub sent_at: u64,
     /// [`agents_digest`] of the publisher's current list.
     pub digest: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agents: Option<Vec<HeartbeatAgent>>,
 }
 
-/// Beats between two heartbeats that carry the full agent list even when it did not change.
-pub const FULL_HEARTBEAT_EVERY: u32 = 10;
+impl Serialize for HeartbeatBody {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.sent_at, self.digest, &self.agents).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeartbeatBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (sent_at, digest, agents) = Deserialize::deserialize(d)?;
+        Ok(HeartbeatBody { sent_at, digest, agents })
+    }
+}
+
+/// Beats that carry a changed agent list (the change and its repeats, so that one lost message does
+/// not leave nodes without it).
+pub const LIST_REPEATS: u32 = 3;
 
 /// Identifies an agent list (first 8 bytes of the SHA-256 of its CBOR).
 pub fn agents_digest(agents: &[HeartbeatAgent]) -> u64 {

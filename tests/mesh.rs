@@ -161,6 +161,40 @@ async fn sdk_agent_health_travels_with_the_publishers_heartbeats() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_learns_agent_states_announced_before_it_came() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), vec![]).await;
+    let a_addr = dial_addr(&a).await;
+    // c is there from the start, so a's heartbeats have somewhere to go.
+    let c = start(dirs[2].path(), vec![a_addr.clone()]).await;
+    let (status, _) = a.post("/api/v1/nodes/register", &sdk_registration("sdk-agent")).await;
+    assert_eq!(status, 201);
+    // The agent heartbeats its sidecar, reporting itself degraded, as an SDK agent does.
+    let beats = a.http.clone();
+    let url = format!("{}/api/v1/nodes/sdk-agent/heartbeat", a.base);
+    let agent = tokio::spawn(async move {
+        loop {
+            let _ = beats.post(&url).json(&serde_json::json!({"status": "degraded"})).send().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    wait_health(&c, "sdk-agent", "degraded").await;
+    // Let a's heartbeats that carry the changed agent list go by: afterwards they carry only a digest.
+    let (_, status) = a.get("/api/v1/mesh/status").await;
+    let sent = status["messages_out"].as_u64().unwrap();
+    a.wait_for("the list's repeats sent", || async {
+        let (_, status) = a.get("/api/v1/mesh/status").await;
+        (status["messages_out"].as_u64().unwrap() >= sent + u64::from(agentmesh::wire::LIST_REPEATS))
+            .then_some(())
+    })
+    .await;
+    // b comes later: it gets the card by sync and the agent's own state by fetching a's signed list.
+    let b = start(dirs[1].path(), vec![a_addr]).await;
+    wait_health(&b, "sdk-agent", "degraded").await;
+    agent.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_reloads_its_view_then_catches_up() {
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let a = start(dirs[0].path(), vec![]).await;

@@ -16,9 +16,9 @@ use crate::wire::{self, Message, WireError};
 /// Work for the ingest worker.
 pub enum Inbound {
     /// A gossip message awaiting its verdict.
-    Gossip { message_id: MessageId, source: PeerId, author: Option<PeerId>, data: Vec<u8> },
-    /// Card messages from a sync response (any publisher's; each carries its own signature).
-    Cards { from: PeerId, cards: Vec<ByteBuf> },
+    Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
+    /// Signed messages from a sync response (any publisher's cards, or a heartbeat with its agent list).
+    Signed { from: PeerId, messages: Vec<ByteBuf> },
 }
 
 /// What the worker asks of the event loop.
@@ -34,6 +34,11 @@ pub enum Verdict {
         publisher: PeerId,
         agent_ids: Vec<String>,
     },
+    /// A heartbeat carried the digest of an agent list this node does not hold: fetch the list.
+    FetchList {
+        from: PeerId,
+        publisher: PeerId,
+    },
 }
 
 pub async fn run(
@@ -45,19 +50,77 @@ pub async fn run(
 ) {
     while let Some(item) = inbox.recv().await {
         match item {
-            Inbound::Gossip { message_id, source, author, data } => {
-                let acceptance = handle(&registry, &data, author, source, me, &counters, &verdicts).await;
+            Inbound::Gossip { message_id, source, data } => {
+                let acceptance = handle(&registry, &data, source, me, &counters, &verdicts).await;
                 if verdicts.send(Verdict::Validate { message_id, source, acceptance }).await.is_err() {
                     return;
                 }
             }
-            Inbound::Cards { from, cards } => {
-                for card in cards {
-                    handle(&registry, &card, None, from, me, &counters, &verdicts).await;
-                }
+            Inbound::Signed { from, messages } => {
+                apply_signed(&registry, messages, from, me, &counters, &verdicts).await;
             }
         }
     }
+}
+
+/// Applies a sync response: the cards in one batch (one view update for thousands of cards), anything
+/// else one by one.
+async fn apply_signed(
+    registry: &Registry,
+    messages: Vec<ByteBuf>,
+    from: PeerId,
+    me: PeerId,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) {
+    let mut updates = Vec::with_capacity(messages.len());
+    for message in messages {
+        match wire::open(&message) {
+            Ok(wire::Verified { publisher, message: Message::Card { body, card }, sig })
+                if publisher != me =>
+            {
+                updates.push(Update::Upsert {
+                    publisher,
+                    seq: body.seq,
+                    card: *card,
+                    origin: Origin::Remote,
+                    sig,
+                });
+            }
+            _ => {
+                handle(registry, &message, from, me, counters, verdicts).await;
+            }
+        }
+    }
+    if updates.is_empty() {
+        return;
+    }
+    let keys: Vec<(String, PeerId)> = updates
+        .iter()
+        .map(|u| match u {
+            Update::Upsert { card, publisher, .. } => (card.agent_id.clone(), *publisher),
+            Update::Remove { agent_id, publisher, .. } => (agent_id.clone(), *publisher),
+        })
+        .collect();
+    let results = registry.apply_many(updates, now_millis()).await;
+    let (mut accepted, mut ignored) = (0, 0);
+    for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
+        match result {
+            Ok(Applied::Created { seq } | Applied::Updated { seq }) => {
+                tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
+                accepted += 1;
+            }
+            Ok(_) => ignored += 1,
+            Err(error) => {
+                tracing::warn!(%publisher, %error, "could not store a verified message");
+                ignored += 1;
+            }
+        }
+    }
+    counters.update(|c| {
+        c.accepted += accepted;
+        c.ignored += ignored;
+    });
 }
 
 fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
@@ -65,12 +128,11 @@ fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
     MessageAcceptance::Reject
 }
 
-/// Verifies one message and applies it. `author` is the gossip author (signed by gossipsub) for gossip,
-/// `None` for sync, where third parties' cards are relayed on purpose.
+/// Verifies one message and applies it. Whoever relayed it, only its own signature says who published
+/// it: gossip carries no second signature (see `net`), so a relay is trusted for nothing.
 async fn handle(
     registry: &Registry,
     data: &[u8],
-    author: Option<PeerId>,
     from: PeerId,
     me: PeerId,
     counters: &Counters,
@@ -89,10 +151,6 @@ async fn handle(
     let publisher = verified.publisher;
     if publisher == me {
         return MessageAcceptance::Ignore;
-    }
-    // Gossip carries first-party messages only: a node may not gossip another's records as its own.
-    if author.is_some_and(|a| a != publisher) {
-        return reject(counters, "not_first_party");
     }
     let now = now_millis();
     let outcome = match verified.message {
@@ -120,11 +178,15 @@ async fn handle(
             None => registry.remove_publisher(publisher, t.seq, now).await.map(|n| n > 0),
         },
         Message::Heartbeat(body) => {
-            let outcome = registry.remote_heartbeat(publisher, &body, now);
+            let outcome = registry.remote_heartbeat(publisher, &body, data, now);
             if !outcome.missing.is_empty() {
                 let _ = verdicts.try_send(Verdict::Pull { from, publisher, agent_ids: outcome.missing });
             }
-            Ok(!outcome.replayed)
+            if outcome.unknown_list {
+                let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
+            }
+            // A fetched list is applied but not forwarded: it is old news to everyone else.
+            Ok(!outcome.replayed && !outcome.list_installed)
         }
     };
     match outcome {
@@ -171,9 +233,9 @@ mod tests {
             Self { registry, counters: Counters::default(), verdicts, _rx, me, _dir: dir }
         }
 
-        async fn gossip(&self, data: &[u8], author: &Keypair) -> MessageAcceptance {
-            let author = author.public().to_peer_id();
-            handle(&self.registry, data, Some(author), author, self.me, &self.counters, &self.verdicts).await
+        async fn gossip(&self, data: &[u8], relay: &Keypair) -> MessageAcceptance {
+            let relay = relay.public().to_peer_id();
+            handle(&self.registry, data, relay, self.me, &self.counters, &self.verdicts).await
         }
 
         fn view(&self) -> Vec<(String, u64)> {
@@ -212,12 +274,8 @@ mod tests {
         assert_eq!(h.gossip(&forged, &honest).await, MessageAcceptance::Reject);
         assert_eq!((h.rejected("bad_signature"), h.counters.get().signature_failures), (1, 1));
 
-        // Another publisher's valid card gossiped by mallory as if first-party.
-        assert_eq!(h.gossip(&card_msg(&honest, "a", 7), &mallory).await, MessageAcceptance::Reject);
-        assert_eq!(h.rejected("not_first_party"), 1);
-
-        // A replayed older version, and the same version again.
-        assert_eq!(h.gossip(&card_msg(&honest, "a", 4), &honest).await, MessageAcceptance::Ignore);
+        // A replayed older version, and the same version again, whoever relays them.
+        assert_eq!(h.gossip(&card_msg(&honest, "a", 4), &mallory).await, MessageAcceptance::Ignore);
         assert_eq!(h.gossip(&card_msg(&honest, "a", 5), &honest).await, MessageAcceptance::Ignore);
 
         // Oversized and malformed.

@@ -28,10 +28,13 @@ pub enum SyncRequest {
     Digest(Vec<DigestItem>),
     /// "Send me these records" (named by a heartbeat I could not match).
     Pull { publisher: ByteBuf, agent_ids: Vec<String> },
+    /// "Send me this publisher's current agent list" (a heartbeat named a digest I hold no list for):
+    /// answered with the publisher's signed heartbeat that carried it, or nothing.
+    List { publisher: ByteBuf },
 }
 
-/// Signed card messages, exactly as their publishers made them; for a summary, whether the two views
-/// differ (then the requester sends its full digest).
+/// Signed messages (cards, or the heartbeat with a list), exactly as their publishers made them; for a
+/// summary, whether the two views differ (then the requester sends its full digest).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct SyncResponse {
     pub cards: Vec<ByteBuf>,

@@ -12,8 +12,22 @@ use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
 use crate::wire::{HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
 
-/// A publisher's agent list and its digest.
-type KnownList = (u64, Arc<Vec<HeartbeatAgent>>);
+/// A publisher's agent list, its digest, and the signed heartbeat that carried it (served to nodes
+/// that missed it).
+struct KnownList {
+    digest: u64,
+    agents: Arc<Vec<HeartbeatAgent>>,
+    signed: Arc<[u8]>,
+}
+
+/// The newest heartbeat heard from a publisher.
+#[derive(Clone, Copy, Default)]
+struct Heard {
+    sent_at: u64,
+    digest: u64,
+    /// When it arrived (this node's clock).
+    at: Millis,
+}
 
 /// Mesh bookkeeping that lives beside the view, in memory only.
 #[derive(Default)]
@@ -23,8 +37,8 @@ pub(super) struct RemoteState {
     tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
     /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`.
     counts: Mutex<HashMap<PeerId, usize>>,
-    /// `sent_at` of the newest heartbeat seen per publisher: older or equal ones are replays.
-    last_heartbeat: Mutex<HashMap<PeerId, u64>>,
+    /// The newest heartbeat seen per publisher: older or equal ones are replays.
+    last_heartbeat: Mutex<HashMap<PeerId, Heard>>,
     /// The last full agent list per publisher, by digest, for the heartbeats that carry only the digest.
     lists: Mutex<HashMap<PeerId, KnownList>>,
 }
@@ -77,38 +91,61 @@ pub struct HeartbeatOutcome {
     pub missing: Vec<String>,
     /// An older or repeated heartbeat: ignored.
     pub replayed: bool,
-    /// A digest-only heartbeat whose list this node never received.
+    /// A digest-only heartbeat whose list this node does not hold: fetch it from the sender.
     pub unknown_list: bool,
+    /// An older heartbeat that brought the list of the newest digest (fetched after `unknown_list`).
+    pub list_installed: bool,
 }
 
 impl Registry {
     /// Applies a verified heartbeat of `publisher`, received at `now` (this node's clock: liveness never
-    /// depends on the publisher's clock, only the ordering of its heartbeats does).
-    pub fn remote_heartbeat(&self, publisher: PeerId, body: &HeartbeatBody, now: Millis) -> HeartbeatOutcome {
+    /// depends on the publisher's clock, only the ordering of its heartbeats does). `signed` is the
+    /// message as received, kept when it carries a list.
+    ///
+    /// An older heartbeat is a replay, except one that carries the list of the newest digest heard (the
+    /// answer to a list fetch): that list is installed, and its agents count as heard when the newest
+    /// heartbeat arrived, never later, so replaying it cannot keep a silent publisher alive.
+    pub fn remote_heartbeat(
+        &self,
+        publisher: PeerId,
+        body: &HeartbeatBody,
+        signed: &[u8],
+        now: Millis,
+    ) -> HeartbeatOutcome {
         let mut outcome = HeartbeatOutcome::default();
         if publisher == self.me {
             return outcome;
         }
-        {
+        let heard = {
             let mut last = lock(&self.remote.last_heartbeat);
             let seen = last.entry(publisher).or_default();
-            if body.sent_at <= *seen {
-                outcome.replayed = true;
-                return outcome;
+            if body.sent_at <= seen.sent_at {
+                let wanted = body.agents.is_some()
+                    && body.digest == seen.digest
+                    && lock(&self.remote.lists).get(&publisher).is_none_or(|l| l.digest != body.digest);
+                if !wanted {
+                    outcome.replayed = true;
+                    return outcome;
+                }
+                outcome.list_installed = true;
+                *seen
+            } else {
+                *seen = Heard { sent_at: body.sent_at, digest: body.digest, at: now };
+                *seen
             }
-            *seen = body.sent_at;
-        }
+        };
         let snapshot = self.snapshot();
         let list = match &body.agents {
             Some(agents) => {
                 let list = Arc::new(agents.clone());
-                lock(&self.remote.lists).insert(publisher, (body.digest, list.clone()));
+                let known = KnownList { digest: body.digest, agents: list.clone(), signed: signed.into() };
+                lock(&self.remote.lists).insert(publisher, known);
                 list
             }
             None => match lock(&self.remote.lists).get(&publisher) {
-                Some((digest, list)) if *digest == body.digest => list.clone(),
+                Some(known) if known.digest == body.digest => known.agents.clone(),
                 // A list this node missed: the publisher is alive, so its agents held here stay fresh
-                // with the states last heard; its next full heartbeat brings the rest.
+                // with the states last heard until the fetched list arrives.
                 _ => {
                     outcome.unknown_list = true;
                     Arc::new(
@@ -130,7 +167,7 @@ impl Registry {
         for agent in list.iter() {
             match snapshot.get(&agent.agent_id, &publisher) {
                 Some(entry) if entry.seq >= agent.seq => {
-                    changed |= entry.beat_changes_health(now, agent.reported, &self.thresholds);
+                    changed |= entry.beat_changes_health(heard.at, agent.reported, &self.thresholds);
                     outcome.refreshed += 1;
                 }
                 _ => outcome.missing.push(agent.agent_id.clone()),
@@ -140,6 +177,12 @@ impl Registry {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
         }
         outcome
+    }
+
+    /// The signed heartbeat that carried `publisher`'s current agent list, for a node that missed it.
+    pub fn signed_list(&self, publisher: &PeerId) -> Option<Arc<[u8]>> {
+        let digest = lock(&self.remote.last_heartbeat).get(publisher)?.digest;
+        lock(&self.remote.lists).get(publisher).filter(|l| l.digest == digest).map(|l| l.signed.clone())
     }
 
     /// This node's agent list for its heartbeat: every local agent with its card seq and its state as
@@ -179,10 +222,19 @@ impl Registry {
             .filter(|e| e.key.publisher == publisher && e.seq < seq)
             .map(|e| e.key.clone())
             .collect();
+        let mut result = Ok(());
         for key in &doomed {
             let agent_id = key.agent_id.clone();
-            self.apply_locked(&mut map, super::Update::Remove { publisher, agent_id, seq }, now).await?;
+            let update = super::Update::Remove { publisher, agent_id, seq };
+            if let Err(e) = self.apply_locked(&mut map, update, now).await {
+                result = Err(e);
+                break;
+            }
         }
+        if !doomed.is_empty() {
+            self.publish(&map);
+        }
+        result?;
         lock(&self.remote.last_heartbeat).remove(&publisher);
         lock(&self.remote.lists).remove(&publisher);
         Ok(doomed.len())
@@ -365,24 +417,57 @@ mod tests {
             ];
             HeartbeatBody { sent_at, digest: wire::agents_digest(&agents), agents: Some(agents) }
         };
-        let out = r.remote_heartbeat(p, &hb(100, 5), 1_000);
+        let out = r.remote_heartbeat(p, &hb(100, 5), b"m100", 1_000);
         assert_eq!((out.refreshed, out.missing.clone(), out.replayed), (1, vec!["b".to_owned()], false));
         assert_eq!(entry().health(1_000, &t), Health::Active);
-        assert!(r.remote_heartbeat(p, &hb(100, 5), 2_000).replayed, "same sent_at");
-        assert!(r.remote_heartbeat(p, &hb(99, 5), 2_000).replayed, "older sent_at");
+        assert!(r.remote_heartbeat(p, &hb(100, 5), b"m100", 2_000).replayed, "same sent_at");
+        assert!(r.remote_heartbeat(p, &hb(99, 5), b"m99", 2_000).replayed, "older sent_at");
         assert_eq!(entry().health(1_000 + t.degraded_after.as_millis() as u64, &t), Health::Degraded);
-        // A digest-only heartbeat of the known list refreshes like the full one.
+        // A digest-only heartbeat of the known list refreshes like the full one, and the signed message
+        // that carried the list is what a node that missed it is given.
         let compact = HeartbeatBody { agents: None, ..hb(101, 5) };
-        let out = r.remote_heartbeat(p, &compact, 5_000);
+        let out = r.remote_heartbeat(p, &compact, b"m101", 5_000);
         assert_eq!((out.refreshed, out.unknown_list), (1, false));
         assert_eq!(entry().health(5_000, &t), Health::Active);
-        // One of an unknown list still keeps the held agents of a live publisher fresh.
+        assert_eq!(r.signed_list(&p).as_deref(), Some(&b"m100"[..]));
+        // One of an unknown list still keeps the held agents of a live publisher fresh, and the list
+        // this node has is no longer current, so it serves none.
         let unknown = HeartbeatBody { sent_at: 102, digest: 42, agents: None };
-        let out = r.remote_heartbeat(p, &unknown, 9_000);
+        let out = r.remote_heartbeat(p, &unknown, b"m102", 9_000);
         assert_eq!((out.refreshed, out.unknown_list), (1, true));
         assert_eq!(entry().health(9_000, &t), Health::Active);
-        let out = r.remote_heartbeat(p, &hb(103, 6), 10_000);
+        assert_eq!(r.signed_list(&p), None);
+        let out = r.remote_heartbeat(p, &hb(103, 6), b"m103", 10_000);
         assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
+    }
+
+    #[tokio::test]
+    async fn a_fetched_list_is_installed_but_never_makes_a_silent_publisher_look_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        let t = *r.thresholds();
+        let entry = || r.snapshot().by_agent_id("a")[0].clone();
+        let agents = vec![HeartbeatAgent { agent_id: "a".into(), seq: 5, reported: Reported::Degraded }];
+        let digest = wire::agents_digest(&agents);
+        let full = HeartbeatBody { sent_at: 100, digest, agents: Some(agents) };
+        // This node joined late: it hears only digest-only heartbeats of that list.
+        let out = r.remote_heartbeat(p, &HeartbeatBody { sent_at: 105, digest, agents: None }, b"m", 1_000);
+        assert!(out.unknown_list);
+        assert_eq!(entry().reported(), Reported::Ready, "no state heard yet");
+        // The fetched (older) full heartbeat installs the list and the agent's own state...
+        let out = r.remote_heartbeat(p, &full, b"full", 3_000);
+        assert!(out.list_installed && !out.replayed);
+        assert_eq!(entry().reported(), Reported::Degraded);
+        assert_eq!(entry().last_heartbeat(3_000), Some(1_000), "heard when the newest beat came, not later");
+        // ...once: replaying it again, or later, is a replay and refreshes nothing.
+        assert!(r.remote_heartbeat(p, &full, b"full", 30_000).replayed);
+        assert_eq!(entry().health(30_000, &t), Health::Inactive);
+        // A fetched list for an older digest is refused.
+        let stale = HeartbeatBody { sent_at: 90, digest: 7, agents: Some(vec![]) };
+        assert!(r.remote_heartbeat(p, &stale, b"stale", 20_000).replayed);
     }
 
     #[tokio::test]

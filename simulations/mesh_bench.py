@@ -13,7 +13,9 @@ Writes JSON to simulations/results/mesh-<N>.json and prints a Markdown summary.
 Convergence is timed from each node's own log ("card applied", debug level of target agentmesh::apply),
 so that no polling loads the machine while it is measured. Detection polls every node's HTTP API.
 
-Usage: simulations/mesh_bench.py [--sizes 10,30] [--agents 1000] [--rounds 5] [--quiet-seconds 20]
+Usage: simulations/mesh_bench.py [--sizes 10,30] [--agents 1000] [--rounds 5] [--quiet-seconds 20] [--preload]
+(--preload: each node registers its share of the agents from card files at start, and the time until
+every node holds every agent is reported; results go to mesh-<N>-<AGENTS>.json.)
 Standard library only; needs `ss` (iproute2).
 """
 import argparse
@@ -62,9 +64,19 @@ class Node:
         self.addr = f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
         self.proc = None
 
+    def preload(self, agent_ids):
+        """Card files this node registers at start (`--card DIR`)."""
+        self.cards = os.path.join(self.dir, "cards")
+        os.makedirs(self.cards, exist_ok=True)
+        for agent_id in agent_ids:
+            with open(os.path.join(self.cards, agent_id + ".json"), "w") as f:
+                json.dump(card(agent_id), f)
+
     def start(self, bootstrap):
         args = [BIN, "run", "--data-dir", self.dir, "--http", f"127.0.0.1:{HTTP_BASE + self.index}",
                 "--listen", f"/ip4/127.0.0.1/tcp/{self.p2p_port}", "--no-mdns", "--log-format", "json"]
+        if getattr(self, "cards", None):
+            args += ["--card", self.cards]
         for b in bootstrap:
             args += ["--bootstrap", b]
         log = open(os.path.join(self.dir, "daemon.log"), "w")
@@ -170,8 +182,16 @@ def tcp_bytes(pids):
     return totals
 
 
-def bench(size, agents, rounds, quiet_seconds, workdir):
+def total(n):
+    return (http("GET", n.http + "/api/v1/agents?limit=0")[1] or {}).get("total", 0)
+
+
+def bench(size, agents, rounds, quiet_seconds, workdir, preload):
     nodes = [Node(i, workdir) for i in range(size)]
+    if preload:
+        for n in nodes:
+            n.preload([f"steady-{i:05d}" for i in range(n.index, agents, size)])
+    t_start = time.monotonic()
     nodes[0].start([])
     wait_until("node 0 up", lambda: http("GET", nodes[0].http + "/api/v1/health")[0] == 200)
     for i, n in enumerate(nodes[1:], start=1):
@@ -185,8 +205,13 @@ def bench(size, agents, rounds, quiet_seconds, workdir):
         return bool(s) and s["connected_peers"] >= 1 and s["mesh_peers"].get("agentmesh/cards/1", 0) >= 1
     for n in nodes:
         wait_until(f"node {n.index} meshed", lambda n=n: meshed(n))
+    result = {"nodes": size, "machine": f"{os.cpu_count()} cores", "preload": preload}
+    if preload:
+        # Every node registered its share from card files at start: the time until every node holds
+        # every agent (anti-entropy and list pulls only), counted from the first node's start.
+        wait_until("preloaded agents everywhere", lambda: all(total(n) >= agents for n in nodes), deadline=600)
+        result["preload_full_view_s"] = time.monotonic() - t_start
     time.sleep(3)  # let gossipsub fill its meshes (heartbeats every 0.5 s)
-    result = {"nodes": size, "machine": f"{os.cpu_count()} cores"}
 
     # Convergence: each node logs when it applies a card; no polling load during the measurement.
     samples = []
@@ -204,12 +229,11 @@ def bench(size, agents, rounds, quiet_seconds, workdir):
     result["convergence_s"] = samples
 
     # Steady state: AGENTS agents spread over the mesh, then a quiet window.
-    for i in range(agents):
-        n = nodes[i % size]
-        http("POST", n.http + "/api/v1/agents", card(f"steady-{i:05d}"))
-    wait_until("steady agents everywhere", lambda: all(
-        (http("GET", n.http + "/api/v1/agents?limit=0")[1] or {}).get("total", 0) >= agents + rounds for n in nodes),
-        deadline=120)
+    if not preload:
+        for i in range(agents):
+            n = nodes[i % size]
+            http("POST", n.http + "/api/v1/agents", card(f"steady-{i:05d}"))
+    wait_until("steady agents everywhere", lambda: all(total(n) >= agents + rounds for n in nodes), deadline=600)
     pids = [n.proc.pid for n in nodes]
     before = tcp_bytes(pids)
     t0 = time.monotonic()
@@ -257,20 +281,26 @@ def main():
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quiet-seconds", type=int, default=20)
+    ap.add_argument("--preload", action="store_true",
+                    help="register the steady agents from card files at each node's start instead of by HTTP")
     args = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     os.makedirs(os.path.join(ROOT, "simulations", "results"), exist_ok=True)
     for size in [int(s) for s in args.sizes.split(",")]:
         workdir = tempfile.mkdtemp(prefix=f"agentmesh-bench-{size}-")
         try:
-            result = bench(size, args.agents, args.rounds, args.quiet_seconds, workdir)
+            result = bench(size, args.agents, args.rounds, args.quiet_seconds, workdir, args.preload)
         finally:
             subprocess.run(["pkill", "-f", workdir], check=False)
             shutil.rmtree(workdir, ignore_errors=True)
-        with open(os.path.join(ROOT, "simulations", "results", f"mesh-{size}.json"), "w") as f:
+        name = f"mesh-{size}-{args.agents}.json" if args.preload else f"mesh-{size}.json"
+        with open(os.path.join(ROOT, "simulations", "results", name), "w") as f:
             json.dump(result, f, indent=2)
         conv = result["convergence_s"]
         print(f"## {size} nodes")
+        if "preload_full_view_s" in result:
+            print(f"- {args.agents} agents from card files: every node holds all of them "
+                  f"{result['preload_full_view_s']:.1f} s after the first node started")
         print(f"- card on every node: max {max(c['all'] for c in conv)*1e3:.0f} ms, "
               f"median of rounds {statistics.median(c['all'] for c in conv)*1e3:.0f} ms "
               f"(per-node p50 {statistics.median(c['p50'] for c in conv)*1e3:.0f} ms), {len(conv)} rounds")

@@ -41,7 +41,7 @@ use sync::{DigestItem, SyncRequest, SyncResponse};
 /// Topic of cards and tombstones.
 pub const CARDS_TOPIC: &str = "agentmesh/cards/1";
 /// Topic of heartbeats.
-pub const HEARTBEATS_TOPIC: &str = "agentmesh/heartbeats/1";
+pub const HEARTBEATS_TOPIC: &str = "agentmesh/hb/1";
 /// Kademlia protocol name: our own, never the IPFS DHT's.
 pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1.0.0";
 const IDENTIFY_PROTOCOL: &str = "/agentmesh/id/1.0.0";
@@ -66,12 +66,15 @@ pub const MDNS_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 /// message reaches each node about `MESH_N` times, and heartbeats are most of the traffic.
 pub const MESH_N: usize = 4;
 pub const MESH_N_LOW: usize = 3;
-pub const MESH_N_HIGH: usize = 6;
+pub const MESH_N_HIGH: usize = 5;
 /// Non-mesh peers told (IHAVE) about recent messages at each gossipsub heartbeat (gossipsub: 6)...
 pub const GOSSIP_LAZY: usize = 3;
 /// ...or this share of all non-mesh peers if more (gossipsub: 0.25, which on a node connected to a
 /// whole 50-node mesh would tell 11 peers every second about every recent message).
 pub const GOSSIP_FACTOR: f64 = 0.05;
+/// Gossipsub heartbeats whose messages an IHAVE names (gossipsub: 3). Heartbeats are periodic, so
+/// recovering one older than two seconds is worth less than the ids it costs on every IHAVE.
+pub const GOSSIP_HISTORY: usize = 2;
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -254,6 +257,7 @@ fn behaviour(
         .flood_publish(false)
         .gossip_lazy(GOSSIP_LAZY)
         .gossip_factor(GOSSIP_FACTOR)
+        .history_gossip(GOSSIP_HISTORY)
         // Every message carries its publisher's own signature (`wire`), verified by the application
         // before anything is used, so gossipsub's second signature, author and seqno (about 120 bytes
         // of every copy of every heartbeat) buy nothing: messages are anonymous and content-addressed.

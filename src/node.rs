@@ -67,7 +67,8 @@ impl Node {
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
         let registry = Arc::new(registry);
 
-        for path in &config.cards {
+        for path in card_files(&config.cards).await? {
+            let path = &path;
             let bytes = tokio::fs::read(path)
                 .await
                 .map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
@@ -171,4 +172,28 @@ impl Node {
         tracing::info!(peer_id = %self.peer_id, "node stopped");
         Ok(())
     }
+}
+
+/// The card files to register at start: each path as given, or for a directory every `*.json` file
+/// in it, in name order.
+async fn card_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, NodeError> {
+    let mut files = Vec::new();
+    for path in paths {
+        let read_err = |source| NodeError::CardRead { path: path.clone(), source };
+        if !tokio::fs::metadata(path).await.map_err(read_err)?.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        let mut dir = tokio::fs::read_dir(path).await.map_err(read_err)?;
+        while let Some(entry) = dir.next_entry().await.map_err(read_err)? {
+            let file = entry.path();
+            if file.extension().is_some_and(|e| e == "json") {
+                found.push(file);
+            }
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
 }

@@ -203,14 +203,14 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
     def meshed(n):
         _, s = http("GET", n.http + "/api/v1/mesh/status")
         return bool(s) and s["connected_peers"] >= 1 and s["mesh_peers"].get("agentmesh/cards/1", 0) >= 1
-    for n in nodes:
-        wait_until(f"node {n.index} meshed", lambda n=n: meshed(n))
     result = {"nodes": size, "machine": f"{os.cpu_count()} cores", "preload": preload}
     if preload:
         # Every node registered its share from card files at start: the time until every node holds
         # every agent (anti-entropy and list pulls only), counted from the first node's start.
-        wait_until("preloaded agents everywhere", lambda: all(total(n) >= agents for n in nodes), deadline=600)
+        wait_until("preloaded agents everywhere", lambda: all(total(n) >= agents for n in nodes), deadline=900)
         result["preload_full_view_s"] = time.monotonic() - t_start
+    for n in nodes:
+        wait_until(f"node {n.index} meshed", lambda n=n: meshed(n), deadline=300)
     time.sleep(3)  # let gossipsub fill its meshes (heartbeats every 0.5 s)
 
     # Convergence: each node logs when it applies a card; no polling load during the measurement.

@@ -26,6 +26,39 @@ pub enum CardError {
     TooLarge { size: usize, max: usize },
 }
 
+/// Expands `${NAME}` placeholders in a card file from `lookup` (the environment), so that one card file
+/// can serve many replicas: `"agent_id": "summarizer-${HOSTNAME}"`. Values are limited to the characters
+/// an agent id may hold, so an expansion can never change the JSON's structure. Pure.
+pub fn expand_placeholders(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, CardError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end =
+            after.find('}').ok_or_else(|| CardError::invalid("${", "placeholder without a closing `}`"))?;
+        let name = &after[..end];
+        let valid_name = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_name {
+            return Err(CardError::invalid(format!("${{{name}}}"), "not a variable name"));
+        }
+        let value =
+            lookup(name).ok_or_else(|| CardError::invalid(format!("${{{name}}}"), "variable is not set"))?;
+        if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+            return Err(CardError::invalid(
+                format!("${{{name}}}"),
+                "value must be letters, digits, '.', '_' or '-'",
+            ));
+        }
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 impl CardError {
     fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Invalid { field: field.into(), reason: reason.into() }
@@ -355,5 +388,20 @@ mod tests {
         let big = "x".repeat(MAX_CARD_BYTES);
         let json = format!(r#"{{"agent_id":"a","base_url":"http://x","description":"{big}"}}"#);
         assert!(matches!(card(&json), Err(CardError::TooLarge { .. })));
+    }
+    #[test]
+    fn placeholders_expand_from_the_environment_and_only_to_safe_text() {
+        let env = |name: &str| match name {
+            "HOSTNAME" => Some("3f2a9c1b".to_owned()),
+            "EVIL" => Some("x\",\"admin\":true".to_owned()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        let expanded = expand_placeholders(r#"{"agent_id":"sum-${HOSTNAME}"}"#, env).unwrap();
+        assert_eq!(expanded, r#"{"agent_id":"sum-3f2a9c1b"}"#);
+        assert_eq!(expand_placeholders("no placeholders $HOME {}", env).unwrap(), "no placeholders $HOME {}");
+        for bad in ["${MISSING}", "${EVIL}", "${EMPTY}", "${1X}", "${}", "${HOSTNAME"] {
+            assert!(expand_placeholders(bad, env).is_err(), "{bad}");
+        }
     }
 }

@@ -22,7 +22,7 @@ use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, kad, mdns, noise, ping, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
 use serde::Serialize;
 use serde_bytes::ByteBuf;
@@ -322,6 +322,8 @@ pub async fn spawn(
         .map(|addr| Bootstrap {
             addr: addr.clone(),
             peer: peer_of(addr),
+            learned: None,
+            pending: None,
             next: Instant::now(),
             backoff: REDIAL_MIN,
         })
@@ -361,7 +363,12 @@ fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
 
 struct Bootstrap {
     addr: Multiaddr,
+    /// The PeerId the address names (`/p2p/..`), if it does.
     peer: Option<PeerId>,
+    /// For an address without one: the PeerId found there on the last connection.
+    learned: Option<PeerId>,
+    /// The dial under way to an address without a PeerId.
+    pending: Option<ConnectionId>,
     next: Instant,
     backoff: Duration,
 }
@@ -513,7 +520,8 @@ impl EventLoop {
         let now = Instant::now();
         for i in 0..self.bootstrap.len() {
             let b = &self.bootstrap[i];
-            if b.next > now || b.peer.is_some_and(|p| self.swarm.is_connected(&p)) {
+            let connected = b.peer.or(b.learned).is_some_and(|p| self.swarm.is_connected(&p));
+            if b.next > now || connected || b.pending.is_some() {
                 continue;
             }
             let addr = b.addr.clone();
@@ -522,12 +530,17 @@ impl EventLoop {
                     .addresses(vec![addr.clone()])
                     .condition(PeerCondition::DisconnectedAndNotDialing)
                     .build(),
+                // Whoever answers there now (a restarted container may have a new key).
                 None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
             };
+            let connection = opts.connection_id();
             if let Err(error) = self.swarm.dial(opts) {
                 tracing::debug!(%addr, %error, "bootstrap dial not started");
             }
             let b = &mut self.bootstrap[i];
+            if b.peer.is_none() {
+                b.pending = Some(connection);
+            }
             b.next = now + b.backoff;
             b.backoff = (b.backoff * 2).min(REDIAL_MAX);
         }
@@ -639,18 +652,31 @@ impl EventLoop {
                 self.listen_addrs.push(address);
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => self.listen_addrs.retain(|a| a != &address),
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished {
+                peer_id, connection_id, endpoint, num_established, ..
+            } => {
                 let addr = endpoint.get_remote_address().clone();
                 self.addrs.entry(peer_id).or_default().insert(addr.clone());
                 if endpoint.is_dialer() {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                 }
-                if let Some(b) = self.bootstrap.iter_mut().find(|b| b.peer == Some(peer_id)) {
-                    b.backoff = REDIAL_MIN;
+                for b in &mut self.bootstrap {
+                    if b.pending == Some(connection_id) {
+                        b.pending = None;
+                        b.learned = Some(peer_id);
+                    }
+                    if b.peer.or(b.learned) == Some(peer_id) {
+                        b.backoff = REDIAL_MIN;
+                    }
                 }
                 if num_established.get() == 1 {
                     tracing::debug!(%peer_id, "peer connected");
                     self.request_sync(peer_id);
+                }
+            }
+            SwarmEvent::OutgoingConnectionError { connection_id, .. } => {
+                for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {
+                    b.pending = None;
                 }
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {

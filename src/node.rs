@@ -72,8 +72,11 @@ impl Node {
             let bytes = tokio::fs::read(path)
                 .await
                 .map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
-            let card = AgentCard::from_json(&bytes)
-                .map_err(|source| NodeError::CardInvalid { path: path.clone(), source })?;
+            let invalid = |source| NodeError::CardInvalid { path: path.clone(), source };
+            let text = String::from_utf8_lossy(&bytes);
+            let text =
+                crate::card::expand_placeholders(&text, |name| std::env::var(name).ok()).map_err(invalid)?;
+            let card = AgentCard::from_json(text.as_bytes()).map_err(invalid)?;
             let agent_id = card.agent_id.clone();
             let applied = registry.register_local(card, Liveness::Node, now_millis()).await?;
             tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");

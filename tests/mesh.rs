@@ -123,7 +123,8 @@ async fn a_killed_node_goes_degraded_inactive_then_evicted_and_a_leaving_one_at_
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let a = start(dirs[0].path(), vec![]).await;
     let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;
-    let c = start(dirs[2].path(), vec![dial_addr(&a).await]).await;
+    // c knows b directly, so b's goodbye reaches it after a is gone.
+    let c = start(dirs[2].path(), vec![dial_addr(&a).await, dial_addr(&b).await]).await;
     a.register(&fixture_cards()[0]).await;
     b.register(&fixture_cards()[2]).await;
     wait_health(&c, "alpha-research", "active").await;
@@ -140,6 +141,15 @@ async fn a_killed_node_goes_degraded_inactive_then_evicted_and_a_leaving_one_at_
     b.node.shutdown().await.unwrap();
     wait_gone(&c, "gamma-i18n").await;
     assert!(started.elapsed() < Duration::from_millis(2500), "left by tombstone, not by eviction");
+
+    // b comes back on the same data dir, its records at the same seqs as before it left: its first
+    // heartbeat, newer than the leave, lifts the leave's tombstones and its agents reappear.
+    // (c forgets the leave's tombstones only after evict_after, 2.5 s.)
+    let restarted = std::time::Instant::now();
+    let b = start(dirs[1].path(), vec![dial_addr(&c).await]).await;
+    wait_health(&c, "gamma-i18n", "active").await;
+    assert!(restarted.elapsed() < Duration::from_millis(1500), "back at once, not when c forgot the leave");
+    drop(b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,10 @@ pub(super) struct RemoteState {
     tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
     /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`.
     counts: Mutex<HashMap<PeerId, usize>>,
+    /// Publishers that announced their leave, with its seq: their records' tombstones hold until a
+    /// heartbeat sent after the leave shows the publisher back.
+    /// Forgotten with the tombstones, after `evict_after`.
+    left: Mutex<HashMap<PeerId, (u64, Millis)>>,
     /// The newest heartbeat seen per publisher: older or equal ones are replays.
     last_heartbeat: Mutex<HashMap<PeerId, Heard>>,
     /// The last full agent list per publisher, by digest, for the heartbeats that carry only the digest.
@@ -50,6 +54,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl RemoteState {
     pub(super) fn outranks_tombstone(&self, key: &RecordKey, seq: u64) -> bool {
         lock(&self.tombstones).get(key).is_none_or(|&(removed, _)| seq > removed)
+    }
+
+    /// A heartbeat sent at `sent_at`: if the publisher had left before then, it is back, and the
+    /// tombstones of its leave no longer hide the records it still holds (at their old seqs).
+    fn returned(&self, publisher: PeerId, sent_at: u64) {
+        let mut left = lock(&self.left);
+        let Some(&(leave, _)) = left.get(&publisher) else { return };
+        if sent_at > leave {
+            left.remove(&publisher);
+            lock(&self.tombstones).retain(|key, &mut (seq, _)| key.publisher != publisher || seq != leave);
+        }
     }
 
     pub(super) fn remember_tombstone(&self, key: RecordKey, seq: u64, now: Millis) {
@@ -134,6 +149,7 @@ impl Registry {
                 *seen
             }
         };
+        self.remote.returned(publisher, body.sent_at);
         let snapshot = self.snapshot();
         let list = match &body.agents {
             Some(agents) => {
@@ -235,6 +251,7 @@ impl Registry {
             self.publish(&map);
         }
         result?;
+        lock(&self.remote.left).insert(publisher, (seq, now));
         lock(&self.remote.last_heartbeat).remove(&publisher);
         lock(&self.remote.lists).remove(&publisher);
         Ok(doomed.len())
@@ -244,6 +261,7 @@ impl Registry {
     pub async fn evict(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
         let horizon = now.saturating_sub(evict_after.as_millis() as u64);
         lock(&self.remote.tombstones).retain(|_, &mut (_, at)| at >= horizon);
+        lock(&self.remote.left).retain(|_, &mut (_, at)| at >= horizon);
         let snapshot = self.snapshot();
         let stale: Vec<(RecordKey, u64)> = snapshot
             .entries
@@ -439,6 +457,33 @@ mod tests {
         assert_eq!(r.signed_list(&p), None);
         let out = r.remote_heartbeat(p, &hb(103, 6), b"m103", 10_000);
         assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
+    }
+
+    #[tokio::test]
+    async fn a_publisher_back_after_its_leave_is_accepted_at_its_old_seqs() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        assert_eq!(r.remove_publisher(p, 1_000, 10).await.unwrap(), 1);
+        // The same card again (a replay, or sync from a node that missed the leave): still hidden.
+        assert!(matches!(
+            r.apply(signed(&peer, &card("a", "1"), 5), 20).await.unwrap(),
+            Applied::Stale { .. }
+        ));
+        // A heartbeat sent before the leave changes nothing; one sent after it shows the publisher back.
+        let hb = |sent_at| HeartbeatBody { sent_at, digest: 0, agents: None };
+        r.remote_heartbeat(p, &hb(900), b"", 30);
+        assert!(matches!(
+            r.apply(signed(&peer, &card("a", "1"), 5), 40).await.unwrap(),
+            Applied::Stale { .. }
+        ));
+        r.remote_heartbeat(p, &hb(1_001), b"", 50);
+        assert!(matches!(
+            r.apply(signed(&peer, &card("a", "1"), 5), 60).await.unwrap(),
+            Applied::Created { .. }
+        ));
     }
 
     #[tokio::test]

@@ -34,7 +34,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "simulations", "results")
-API_KEY = "agentmesh-sim"
+API_KEY = "agentmesh-sim-local-key"
 HOST_PORT = "18080"
 POLL = 0.25
 CARDS_PER_NODE = 3  # simulations/cards/*.json on every scaled node; the bootstrap node has one
@@ -128,8 +128,9 @@ class Node:
 
     def applied_at(self, agent_id, since):
         """Wall-clock time at which this node applied the card, from its log."""
+        # The daemon logs to stderr; docker keeps the two streams apart.
         out = subprocess.run(["docker", "logs", "--since", str(int(since) - 1), self.name],
-                             capture_output=True, text=True).stdout
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
         for line in out.splitlines():
             if '"card applied"' in line and f'"agent_id":"{agent_id}"' in line:
                 return parse_rfc3339(json.loads(line)["timestamp"])
@@ -156,8 +157,18 @@ class Mesh:
         subprocess.run(self.compose + list(args), env=self.env, check=True, capture_output=True, text=True)
 
     def up(self):
+        self.started = time.monotonic()
         self.run("up", "-d", "--scale", f"node={self.size - 1}")
         self.discover()
+        time.sleep(1)
+        for n in self.nodes:
+            n.refresh()
+        down = [n for n in self.nodes if not n.running]
+        if down or len(self.nodes) != self.size:
+            logs = subprocess.run(["docker", "logs", "--tail", "5", down[0].name], capture_output=True,
+                                  text=True) if down else None
+            raise StepFailed(f"{len(self.nodes) - len(down)} of {self.size} containers running"
+                             + (f"; {down[0].name}: {logs.stdout}{logs.stderr}" if logs else ""))
 
     def discover(self):
         names = subprocess.check_output(
@@ -465,7 +476,7 @@ def write_report(name, result, results):
         json.dump(result, f, indent=1)
     lines = [f"# Scenario `{name}`, {result['nodes']} nodes", "",
              f"Run {result['started']} on {result['machine']}; command: `{result['command']}`.", "",
-             f"- mesh up, every node holding all {result['agents']} agents: {result['initial_convergence_s']:.1f} s",
+             f"- from `up` to every node holding all {result['agents']} agents: {result['initial_convergence_s']:.1f} s",
              f"- memory per container (RSS): mean {result['rss_mb']['mean']:.1f} MB, max {result['rss_mb']['max']:.1f} MB",
              ""]
     flat = []
@@ -516,7 +527,8 @@ def main():
         print(f"{name}: {size} nodes", flush=True)
         mesh.up()
         result["agents"] = mesh.expected_agents()
-        result["initial_convergence_s"] = mesh.wait_converged()
+        mesh.wait_converged()
+        result["initial_convergence_s"] = time.monotonic() - mesh.started
         rss = [r for r in (n.rss_mb() for n in mesh.live()) if r]
         result["rss_mb"] = {"mean": statistics.mean(rss), "max": max(rss)}
         for spec in scenario["steps"]:

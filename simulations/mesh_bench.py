@@ -6,7 +6,8 @@ earlier node chosen at random), wait until the mesh is up, then measure
   - convergence: a card registered on one node, the time until every node serves it (repeated);
   - detection: kill -9 a node, the time until every other node reports its agent as no longer active;
   - RSS per node (VmRSS);
-  - steady-state traffic per node: TCP bytes sent+received by each daemon over a quiet window, with
+  - steady-state traffic per node: TCP bytes sent+received by each daemon over a quiet window (from 10 s
+    after every node holds every agent, once the heartbeats that carry changed agent lists are past), with
     AGENTS agents registered across the mesh (ss -tinp).
 Writes JSON to simulations/results/mesh-<N>.json and prints a Markdown summary.
 
@@ -234,6 +235,8 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
             n = nodes[i % size]
             http("POST", n.http + "/api/v1/agents", card(f"steady-{i:05d}"))
     wait_until("steady agents everywhere", lambda: all(total(n) >= agents + rounds for n in nodes), deadline=600)
+    # Settle: the heartbeats after a change carry the changed agent lists (3 beats of 2 s).
+    time.sleep(10)
     pids = [n.proc.pid for n in nodes]
     before = tcp_bytes(pids)
     t0 = time.monotonic()

@@ -143,6 +143,25 @@ def parse_rfc3339(stamp):
     return calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S")) + (float("0." + frac) if frac else 0.0)
 
 
+NEIGH = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
+
+
+def ensure_neighbour_table(size):
+    """The kernel's ARP table is shared by every network namespace; its default hard limit (1024 entries)
+    is below what N containers that all talk to each other need (about N^2), and past it new neighbours
+    are not resolved and the mesh silently falls apart ("neighbor table overflow"). Raise it (root)."""
+    need = 4 * size * size
+    try:
+        with open(NEIGH.format(3)) as f:
+            if int(f.read()) >= need:
+                return
+        for i, value in ((1, need // 4), (2, need // 2), (3, need)):
+            with open(NEIGH.format(i), "w") as f:
+                f.write(str(value))
+    except OSError as e:
+        print(f"warning: cannot raise the ARP table limit to {need} ({e}); large meshes may lose connectivity")
+
+
 class Mesh:
     def __init__(self, size, project):
         self.size = size
@@ -542,6 +561,7 @@ def main():
     random.seed(args.seed)
     if shutil.which("docker") is None:
         sys.exit("docker is not installed")
+    ensure_neighbour_table(size)
     mesh = Mesh(size, f"amsim{name.replace('-', '')}")
     mesh.down()
     result = {"scenario": name, "nodes": size, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -75,6 +75,10 @@ pub const GOSSIP_FACTOR: f64 = 0.05;
 /// Gossipsub heartbeats whose messages an IHAVE names (gossipsub: 3). Heartbeats are periodic, so
 /// recovering one older than two seconds is worth less than the ids it costs on every IHAVE.
 pub const GOSSIP_HISTORY: usize = 2;
+/// Ping period and patience: a connection whose ping fails is closed, so a dead one (the peer's network
+/// vanished without a FIN) is noticed within `PING_INTERVAL + PING_TIMEOUT` and redialled.
+pub const PING_INTERVAL: Duration = Duration::from_secs(10);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -282,6 +286,7 @@ fn behaviour(
     };
     let identify =
         identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
+    let ping_config = ping::Config::new().with_interval(PING_INTERVAL).with_timeout(PING_TIMEOUT);
     let codec = request_response::cbor::codec::Codec::default()
         .set_request_size_maximum(sync::MAX_REQUEST_BYTES)
         .set_response_size_maximum(sync::MAX_RESPONSE_BYTES);
@@ -290,7 +295,14 @@ fn behaviour(
         [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
     );
-    Ok(Behaviour { gossipsub, kad, mdns: mdns.into(), identify, ping: ping::Behaviour::default(), sync })
+    Ok(Behaviour {
+        gossipsub,
+        kad,
+        mdns: mdns.into(),
+        identify,
+        ping: ping::Behaviour::new(ping_config),
+        sync,
+    })
 }
 
 /// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns the tasks.
@@ -718,6 +730,12 @@ impl EventLoop {
             }
             BehaviourEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
                 self.rtts.insert(peer, rtt);
+            }
+            // A connection that cannot carry a ping is dead (a peer whose network went away sends no
+            // FIN): close it, or both sides keep believing they are connected and never redial.
+            BehaviourEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
+                tracing::debug!(%peer, %error, "ping failed; closing the connection");
+                self.swarm.close_connection(connection);
             }
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
                 let me = *self.swarm.local_peer_id();

@@ -15,7 +15,8 @@ Steps (see simulations/scenarios/):
   leave        stop a node (SIGTERM); time until its tombstones removed its agents everywhere
   churn        stop and restart nodes continuously; no live agent may ever be reported inactive
   partition    disconnect nodes from the network, register a card, reconnect; time to reconverge
-  netem        delay/loss on every container's link (tc netem from the host), then nested steps
+  netem        delay/loss on every container's link (tc netem from the host; iptables loss only where
+               the kernel has no sch_netem), then nested steps
 
 Standard library only. Needs root (nsenter, tc) for netem.
 """

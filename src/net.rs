@@ -415,7 +415,8 @@ impl EventLoop {
         let mut heartbeat = interval(self.config.heartbeat_interval);
         let mut sync = interval(SYNC_INTERVAL);
         let mut redial = interval(REDIAL_MIN);
-        for timer in [&mut heartbeat, &mut sync, &mut redial] {
+        let mut lan_redial = interval(MDNS_QUERY_INTERVAL);
+        for timer in [&mut heartbeat, &mut sync, &mut redial, &mut lan_redial] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         loop {
@@ -435,6 +436,7 @@ impl EventLoop {
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
                 _ = sync.tick() => self.sync_with_random_peer(),
                 _ = redial.tick() => self.redial(),
+                _ = lan_redial.tick() => self.redial_lan(),
             }
         }
     }
@@ -555,6 +557,21 @@ impl EventLoop {
             }
             b.next = now + b.backoff;
             b.backoff = (b.backoff * 2).min(REDIAL_MAX);
+        }
+    }
+
+    /// Dials LAN peers mDNS knows of that this node should dial (the lower PeerId of a pair) and is not
+    /// connected to. mDNS reports a peer once, when first found: a connection lost later (a dead one
+    /// closed after failed pings) would otherwise not be made again until the record expires.
+    fn redial_lan(&mut self) {
+        let me = *self.swarm.local_peer_id();
+        let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
+        let due: Vec<PeerId> =
+            mdns.discovered_nodes().filter(|p| me < **p && !self.swarm.is_connected(p)).copied().collect();
+        for peer in due {
+            // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.
+            let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
+            let _ = self.swarm.dial(opts);
         }
     }
 

@@ -12,7 +12,12 @@ const DEADLINE: Duration = Duration::from_secs(20);
 struct Namespaces {
     a: String,
     b: String,
+    /// a's end of the veth pair.
+    va: String,
 }
+
+/// Tests of one process run in parallel: each pair of namespaces needs its own names.
+static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("iproute2 `ip` is installed");
@@ -26,11 +31,12 @@ fn ip(args: &[&str]) {
 
 impl Namespaces {
     fn create() -> Self {
-        let tag = std::process::id();
+        let tag =
+            format!("{}x{}", std::process::id(), PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let (a, b) = (format!("amtest-a-{tag}"), format!("amtest-b-{tag}"));
         let (va, vb) = (format!("amva{tag}"), format!("amvb{tag}"));
         ip(&["netns", "add", &a]);
-        let ns = Namespaces { a: a.clone(), b: b.clone() };
+        let ns = Namespaces { a: a.clone(), b: b.clone(), va: va.clone() };
         ip(&["netns", "add", &b]);
         ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
         ip(&["link", "set", &va, "netns", &a]);
@@ -115,4 +121,53 @@ fn two_namespaces_find_each_other_by_mdns_alone() {
         assert!(begun.elapsed() < DEADLINE, "b never found a by mDNS:\n{shown}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A peer whose network vanishes without a goodbye (no FIN: its address is gone) and comes back at a
+/// new address is reached again: the dead connection fails its pings and is closed, so mDNS redials.
+#[test]
+fn a_peer_cut_off_and_back_at_a_new_address_is_reconnected() {
+    let ns = Namespaces::create();
+    let dir = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        let data = dir.path().join(name);
+        let args = [
+            "run",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:18080",
+            "--listen",
+            "/ip4/0.0.0.0/tcp/4001",
+        ];
+        let namespace = if name == "a" { &ns.a } else { &ns.b };
+        Daemon(ns.run(namespace, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    };
+    let a_id = String::from_utf8(
+        ns.run(&ns.a, &["id", "--data-dir", dir.path().join("a").to_str().unwrap()]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    let _a = start("a");
+    let _b = start("b");
+    let b_sees = |needle: &str, patience: Duration| {
+        let begun = Instant::now();
+        loop {
+            let out = ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap();
+            let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+            if shown.lines().any(|l| l.contains(&a_id) && l.contains(needle)) {
+                return;
+            }
+            assert!(begun.elapsed() < patience, "b never saw a at {needle}:\n{shown}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    b_sees("/ip4/10.231.7.1/", DEADLINE);
+
+    // a's address disappears under its open connections, and a returns at another one.
+    ip(&["-n", &ns.a, "addr", "del", "10.231.7.1/24", "dev", &ns.va]);
+    ip(&["-n", &ns.a, "addr", "add", "10.231.7.3/24", "dev", &ns.va]);
+    // Ping period + timeout (20 s), then an mDNS query (5 s) and a dial.
+    b_sees("/ip4/10.231.7.3/", Duration::from_secs(60));
 }

@@ -82,6 +82,22 @@ def wait_until(what, check, deadline=DEADLINE):
     raise TimeoutError(what)
 
 
+def convergence_rounds(nodes, rounds, publish, seen_at):
+    """Each round: publish(node, round) on a random node makes a change named by what it returns; the
+    round lasts until seen_at(other, name, t0) gives every other node's time of seeing it (from the
+    node's own records). Returns each round's duration until the last node saw it."""
+    conv = []
+    for r in range(rounds):
+        pub = random.choice(nodes)
+        others = [n for n in nodes if n is not pub]
+        t0 = time.time()
+        name = publish(pub, r)
+        wait_until(f"{name} everywhere", lambda: all(seen_at(n, name, t0) for n in others))
+        conv.append(max(seen_at(n, name, t0) for n in others) - t0)
+        time.sleep(1)
+    return conv
+
+
 def serf_run(size, rounds, workdir):
     nodes = [SerfNode(i, workdir) for i in range(size)]
     nodes[0].start(None)
@@ -91,18 +107,12 @@ def serf_run(size, rounds, workdir):
     try:
         wait_until("serf cluster formed", lambda: all(n.members_alive() == size for n in nodes), 120)
         time.sleep(2)
-        conv = []
-        for r in range(rounds):
-            pub = random.choice(nodes)
-            others = [n for n in nodes if n is not pub]
-            needle = f"round=r{r}x"
-            t0 = time.time()
+
+        def publish(pub, r):
             subprocess.run(["serf", "tags", f"-rpc-addr={pub.rpc}", "-set", f"round=r{r}x"], check=True,
                            capture_output=True)
-            wait_until(f"serf tag {r} everywhere",
-                       lambda: all(n.first("member-update", needle, t0 - 1) for n in others))
-            conv.append(max(n.first("member-update", needle, t0 - 1) for n in others) - t0)
-            time.sleep(1)
+            return f"round=r{r}x"
+        conv = convergence_rounds(nodes, rounds, publish, lambda n, needle, t0: n.first("member-update", needle, t0 - 1))
         victim = nodes[-1]
         others = nodes[:-1]
         t0 = time.time()
@@ -130,16 +140,11 @@ def agentmesh_run(size, rounds, workdir):
             mesh_bench.wait_until(f"node {n.index} meshed", lambda n=n: (mesh_bench.http(
                 "GET", n.http + "/api/v1/mesh/status")[1] or {}).get("mesh_peers", {}).get("agentmesh/cards/1", 0) >= 1)
         time.sleep(3)
-        conv = []
-        for r in range(rounds):
-            pub = random.choice(nodes)
-            others = [n for n in nodes if n is not pub]
-            agent_id = f"cmp-{r}"
-            t0 = time.time()
-            mesh_bench.http("POST", pub.http + "/api/v1/agents", mesh_bench.card(agent_id))
-            mesh_bench.wait_until(f"{agent_id} everywhere", lambda: all(n.applied_at(agent_id) for n in others))
-            conv.append(max(n.applied_at(agent_id) for n in others) - t0)
-            time.sleep(1)
+
+        def publish(pub, r):
+            mesh_bench.http("POST", pub.http + "/api/v1/agents", mesh_bench.card(f"cmp-{r}"))
+            return f"cmp-{r}"
+        conv = convergence_rounds(nodes, rounds, publish, lambda n, agent_id, t0: n.applied_at(agent_id))
         victim = nodes[-1]
         others = nodes[:-1]
         mesh_bench.http("POST", victim.http + "/api/v1/agents", mesh_bench.card("victim-agent"))

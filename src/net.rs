@@ -436,7 +436,7 @@ impl EventLoop {
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
                 _ = sync.tick() => self.sync_with_random_peer(),
                 _ = redial.tick() => self.redial(),
-                _ = lan_redial.tick() => self.redial_lan(),
+                _ = lan_redial.tick() => self.dial_lan_peers(),
             }
         }
     }
@@ -560,10 +560,11 @@ impl EventLoop {
         }
     }
 
-    /// Dials LAN peers mDNS knows of that this node should dial (the lower PeerId of a pair) and is not
-    /// connected to. mDNS reports a peer once, when first found: a connection lost later (a dead one
+    /// Dials the LAN peers mDNS knows of that this node should dial and is not connected to: one
+    /// connection per pair, so only the lower PeerId dials. Runs when mDNS finds peers and every
+    /// `MDNS_QUERY_INTERVAL`, since mDNS reports a peer only once: a connection lost later (a dead one
     /// closed after failed pings) would otherwise not be made again until the record expires.
-    fn redial_lan(&mut self) {
+    fn dial_lan_peers(&mut self) {
         let me = *self.swarm.local_peer_id();
         let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
         let due: Vec<PeerId> =
@@ -572,6 +573,16 @@ impl EventLoop {
             // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.
             let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
             let _ = self.swarm.dial(opts);
+        }
+    }
+
+    /// Whom to ask for a publisher's records: the publisher itself when connected (it surely holds its
+    /// newest), else the peer that relayed what named them.
+    fn ask_for(&self, publisher: PeerId, relay: PeerId) -> PeerId {
+        if self.swarm.is_connected(&publisher) {
+            publisher
+        } else {
+            relay
         }
     }
 
@@ -593,13 +604,12 @@ impl EventLoop {
                 // At most one fetch per publisher per heartbeat interval; the sender accepted the
                 // heartbeat, so it most likely holds the list.
                 self.list_fetches.insert(publisher, now + self.config.heartbeat_interval);
-                let peer = if self.swarm.is_connected(&publisher) { publisher } else { from };
+                let peer = self.ask_for(publisher, from);
                 let request = SyncRequest::List { publisher: ByteBuf::from(publisher.to_bytes()) };
                 self.swarm.behaviour_mut().sync.send_request(&peer, request);
             }
             Verdict::Pull { from, publisher, agent_ids } => {
-                // Ask the publisher itself when connected: it surely holds its newest cards.
-                let peer = if self.swarm.is_connected(&publisher) { publisher } else { from };
+                let peer = self.ask_for(publisher, from);
                 let request = SyncRequest::Pull { publisher: ByteBuf::from(publisher.to_bytes()), agent_ids };
                 self.swarm.behaviour_mut().sync.send_request(&peer, request);
             }
@@ -755,22 +765,10 @@ impl EventLoop {
                 self.swarm.close_connection(connection);
             }
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
-                let me = *self.swarm.local_peer_id();
-                let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
                 for (peer, addr) in found {
-                    by_peer.entry(peer).or_default().push(addr);
+                    self.swarm.behaviour_mut().kad.add_address(&peer, addr);
                 }
-                for (peer, addrs) in by_peer {
-                    self.swarm.behaviour_mut().kad.add_address(&peer, addrs[0].clone());
-                    // One connection per pair: only the lower PeerId dials.
-                    if me < peer && !self.swarm.is_connected(&peer) {
-                        let opts = DialOpts::peer_id(peer)
-                            .addresses(addrs)
-                            .condition(PeerCondition::DisconnectedAndNotDialing)
-                            .build();
-                        let _ = self.swarm.dial(opts);
-                    }
-                }
+                self.dial_lan_peers();
             }
             BehaviourEvent::Sync(request_response::Event::Message { peer, message, .. }) => match message {
                 request_response::Message::Request { request, channel, .. } => {

@@ -67,15 +67,15 @@ impl Node {
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
         let registry = Arc::new(registry);
 
-        for path in card_files(&config.cards).await? {
-            let path = &path;
+        for path in &card_files(&config.cards).await? {
             let bytes = tokio::fs::read(path)
                 .await
                 .map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
             let invalid = |source| NodeError::CardInvalid { path: path.clone(), source };
-            let text = String::from_utf8_lossy(&bytes);
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|e| invalid(CardError::Malformed { field: ".".into(), reason: e.to_string() }))?;
             let text =
-                crate::card::expand_placeholders(&text, |name| std::env::var(name).ok()).map_err(invalid)?;
+                crate::card::expand_placeholders(text, |name| std::env::var(name).ok()).map_err(invalid)?;
             let card = AgentCard::from_json(text.as_bytes()).map_err(invalid)?;
             let agent_id = card.agent_id.clone();
             let applied = registry.register_local(card, Liveness::Node, now_millis()).await?;

@@ -94,19 +94,6 @@ struct Envelope {
     sig: ByteBuf,
 }
 
-impl Serialize for Envelope {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        (self.v, self.kind, &self.publisher, &self.body, &self.sig).serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Envelope {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let (v, kind, publisher, body, sig) = Deserialize::deserialize(d)?;
-        Ok(Envelope { v, kind, publisher, body, sig })
-    }
-}
-
 /// A card at a seq. `card` is the canonical JSON of the card (what [`AgentCard::to_json`] writes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CardBody {
@@ -124,19 +111,6 @@ pub struct HeartbeatAgent {
     pub reported: Reported,
 }
 
-impl Serialize for HeartbeatAgent {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        (&self.agent_id, self.seq, self.reported).serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for HeartbeatAgent {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let (agent_id, seq, reported) = Deserialize::deserialize(d)?;
-        Ok(HeartbeatAgent { agent_id, seq, reported })
-    }
-}
-
 /// One per node per interval. `sent_at` (publisher's clock, ms) orders heartbeats and makes every one
 /// distinct, so gossip never drops one as a duplicate.
 ///
@@ -152,18 +126,27 @@ pub struct HeartbeatBody {
     pub agents: Option<Vec<HeartbeatAgent>>,
 }
 
-impl Serialize for HeartbeatBody {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        (self.sent_at, self.digest, &self.agents).serialize(s)
-    }
+/// Serialises a struct as a CBOR array of the listed fields, in order: no field names on the wire.
+macro_rules! serde_as_array {
+    ($ty:ident { $($field:ident),+ }) => {
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                ($(&self.$field,)+).serialize(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let ($($field,)+) = Deserialize::deserialize(d)?;
+                Ok($ty { $($field),+ })
+            }
+        }
+    };
 }
 
-impl<'de> Deserialize<'de> for HeartbeatBody {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let (sent_at, digest, agents) = Deserialize::deserialize(d)?;
-        Ok(HeartbeatBody { sent_at, digest, agents })
-    }
-}
+serde_as_array!(Envelope { v, kind, publisher, body, sig });
+serde_as_array!(HeartbeatAgent { agent_id, seq, reported });
+serde_as_array!(HeartbeatBody { sent_at, digest, agents });
 
 /// Beats that carry a changed agent list (the change and its repeats, so that one lost message does
 /// not leave nodes without it).

@@ -2,11 +2,14 @@
 //! with no bootstrap address, find each other and share their cards. Needs root (it creates the
 //! namespaces; CI runs as root) and iproute2's `ip`.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
 const DEADLINE: Duration = Duration::from_secs(20);
+/// Each daemon's API, on its own namespace's loopback.
+const API: &str = "127.0.0.1:18080";
 
 /// Two namespaces `a` and `b`, veth-linked on a private /24 that exists only between them.
 struct Namespaces {
@@ -55,6 +58,42 @@ impl Namespaces {
         cmd.args(["netns", "exec", ns, BIN]).args(args);
         cmd
     }
+
+    /// The PeerId of the node whose data dir is `data` (created now if new, so a daemon started on it
+    /// later uses this one).
+    fn peer_id(&self, ns: &str, data: &Path) -> String {
+        let out = self.run(ns, &["id", "--data-dir", data.to_str().unwrap()]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// A daemon in `ns` on `data`, its API on the namespace's loopback, the mesh on every interface.
+    fn start(&self, ns: &str, data: &Path, extra: &[&str]) -> Daemon {
+        let mut args = vec![
+            "run",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--http",
+            API,
+            "--listen",
+            "/ip4/0.0.0.0/tcp/4001",
+        ];
+        args.extend_from_slice(extra);
+        Daemon(self.run(ns, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    }
+
+    /// Polls `agentmesh peers` of the daemon in `ns` until `seen` holds of its output, for `patience`.
+    fn wait_for_peers(&self, ns: &str, what: &str, patience: Duration, seen: impl Fn(&str) -> bool) {
+        let begun = Instant::now();
+        loop {
+            let out = self.run(ns, &["peers", "--api", &format!("http://{API}")]).output().unwrap();
+            let shown = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() && seen(&shown) {
+                return;
+            }
+            assert!(begun.elapsed() < patience, "timed out waiting for {what}:\n{shown}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Namespaces {
@@ -81,46 +120,18 @@ fn two_namespaces_find_each_other_by_mdns_alone() {
     let dir = tempfile::tempdir().unwrap();
     let card = dir.path().join("card.json");
     std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/config/cards/research-agent.json"), &card).unwrap();
-    let start = |name: &str, extra: &[&str]| {
-        let data = dir.path().join(name);
-        let data = data.to_str().unwrap();
-        let mut args =
-            vec!["run", "--data-dir", data, "--http", "127.0.0.1:18080", "--listen", "/ip4/0.0.0.0/tcp/4001"];
-        args.extend_from_slice(extra);
-        let namespace = if name == "a" { &ns.a } else { &ns.b };
-        Daemon(ns.run(namespace, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
-    };
-    // a's identity exists before a runs, so the id printed is the one a will use.
-    let a_id = String::from_utf8(
-        ns.run(&ns.a, &["id", "--data-dir", dir.path().join("a").to_str().unwrap()]).output().unwrap().stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
+    let (a_data, b_data) = (dir.path().join("a"), dir.path().join("b"));
+    let a_id = ns.peer_id(&ns.a, &a_data);
 
     // b first, and serving, before a exists: b's first mDNS query finds nobody, and when a's PeerId is
     // the higher one a does not dial, so the pair meets only when b asks again.
-    let _b = start("b", &[]);
-    let begun = Instant::now();
-    while !ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap().status.success() {
-        assert!(begun.elapsed() < DEADLINE, "b never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _a = start("a", &["--card", card.to_str().unwrap()]);
-    let begun = Instant::now();
-    loop {
-        let out = ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap();
-        let shown = String::from_utf8_lossy(&out.stdout);
-        // Connected to a, over the veth, and holding a's agent.
-        if shown.contains(&a_id)
-            && shown.contains("/ip4/10.231.7.1/tcp/4001")
-            && shown.contains("\"active\":1")
-        {
-            break;
-        }
-        assert!(begun.elapsed() < DEADLINE, "b never found a by mDNS:\n{shown}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _b = ns.start(&ns.b, &b_data, &[]);
+    ns.wait_for_peers(&ns.b, "b to serve", DEADLINE, |_| true);
+    let _a = ns.start(&ns.a, &a_data, &["--card", card.to_str().unwrap()]);
+    // Connected to a, over the veth, and holding a's agent.
+    ns.wait_for_peers(&ns.b, "b to find a by mDNS", DEADLINE, |shown| {
+        shown.contains(&a_id) && shown.contains("/ip4/10.231.7.1/tcp/4001") && shown.contains("\"active\":1")
+    });
 }
 
 /// A peer whose network vanishes without a goodbye (no FIN: its address is gone) and comes back at a
@@ -129,45 +140,20 @@ fn two_namespaces_find_each_other_by_mdns_alone() {
 fn a_peer_cut_off_and_back_at_a_new_address_is_reconnected() {
     let ns = Namespaces::create();
     let dir = tempfile::tempdir().unwrap();
-    let start = |name: &str| {
-        let data = dir.path().join(name);
-        let args = [
-            "run",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--http",
-            "127.0.0.1:18080",
-            "--listen",
-            "/ip4/0.0.0.0/tcp/4001",
-        ];
-        let namespace = if name == "a" { &ns.a } else { &ns.b };
-        Daemon(ns.run(namespace, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    let (a_data, b_data) = (dir.path().join("a"), dir.path().join("b"));
+    let a_id = ns.peer_id(&ns.a, &a_data);
+    let _a = ns.start(&ns.a, &a_data, &[]);
+    let _b = ns.start(&ns.b, &b_data, &[]);
+    let b_sees_a_at = |addr: &str, patience| {
+        ns.wait_for_peers(&ns.b, &format!("b connected to a at {addr}"), patience, |shown| {
+            shown.lines().any(|l| l.contains(&a_id) && l.contains(addr))
+        })
     };
-    let a_id = String::from_utf8(
-        ns.run(&ns.a, &["id", "--data-dir", dir.path().join("a").to_str().unwrap()]).output().unwrap().stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
-    let _a = start("a");
-    let _b = start("b");
-    let b_sees = |needle: &str, patience: Duration| {
-        let begun = Instant::now();
-        loop {
-            let out = ns.run(&ns.b, &["peers", "--api", "http://127.0.0.1:18080"]).output().unwrap();
-            let shown = String::from_utf8_lossy(&out.stdout).into_owned();
-            if shown.lines().any(|l| l.contains(&a_id) && l.contains(needle)) {
-                return;
-            }
-            assert!(begun.elapsed() < patience, "b never saw a at {needle}:\n{shown}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    b_sees("/ip4/10.231.7.1/", DEADLINE);
+    b_sees_a_at("/ip4/10.231.7.1/", DEADLINE);
 
     // a's address disappears under its open connections, and a returns at another one.
     ip(&["-n", &ns.a, "addr", "del", "10.231.7.1/24", "dev", &ns.va]);
     ip(&["-n", &ns.a, "addr", "add", "10.231.7.3/24", "dev", &ns.va]);
     // Ping period + timeout (20 s), then an mDNS query (5 s) and a dial.
-    b_sees("/ip4/10.231.7.3/", Duration::from_secs(60));
+    b_sees_a_at("/ip4/10.231.7.3/", Duration::from_secs(60));
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use super::Counters;
 use crate::api::now_millis;
-use crate::registry::{Applied, Origin, Registry, Update};
+use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
 
 /// Work for the ingest worker.
@@ -64,7 +64,7 @@ pub async fn run(
 }
 
 /// Applies a sync response: the cards in one batch (one view update for thousands of cards), anything
-/// else one by one.
+/// else one by one. Each message is opened once.
 async fn apply_signed(
     registry: &Registry,
     messages: Vec<ByteBuf>,
@@ -73,59 +73,85 @@ async fn apply_signed(
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) {
-    let mut updates = Vec::with_capacity(messages.len());
+    let mut cards = Vec::with_capacity(messages.len());
     for message in messages {
-        match wire::open(&message) {
-            Ok(wire::Verified { publisher, message: Message::Card { body, card }, sig })
-                if publisher != me =>
-            {
-                updates.push(Update::Upsert {
-                    publisher,
-                    seq: body.seq,
-                    card: *card,
-                    origin: Origin::Remote,
-                    sig,
-                });
+        let Ok(verified) = open(&message, from, counters) else { continue };
+        match verified {
+            wire::Verified { publisher, message: Message::Card { body, card }, sig } if publisher != me => {
+                cards.push(card_update(publisher, body, *card, sig));
             }
-            _ => {
-                handle(registry, &message, from, me, counters, verdicts).await;
+            verified => {
+                apply_verified(registry, verified, &message, from, me, counters, verdicts).await;
             }
         }
     }
-    if updates.is_empty() {
+    if cards.is_empty() {
         return;
     }
-    let keys: Vec<(String, PeerId)> = updates
-        .iter()
-        .map(|u| match u {
-            Update::Upsert { card, publisher, .. } => (card.agent_id.clone(), *publisher),
-            Update::Remove { agent_id, publisher, .. } => (agent_id.clone(), *publisher),
-        })
-        .collect();
+    let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
     let results = registry.apply_many(updates, now_millis()).await;
-    let (mut accepted, mut ignored) = (0, 0);
     for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
-        match result {
-            Ok(Applied::Created { seq } | Applied::Updated { seq }) => {
-                tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
-                accepted += 1;
-            }
-            Ok(_) => ignored += 1,
-            Err(error) => {
-                tracing::warn!(%publisher, %error, "could not store a verified message");
-                ignored += 1;
-            }
-        }
+        tally(counters, publisher, card_applied(&agent_id, publisher, result));
     }
-    counters.update(|c| {
-        c.accepted += accepted;
-        c.ignored += ignored;
-    });
 }
 
 fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
     counters.update(|c| *c.rejected.entry(reason).or_default() += 1);
     MessageAcceptance::Reject
+}
+
+/// Opens (verifies, then decodes) a message; a failure is counted by reason and answered `Reject`.
+fn open(data: &[u8], from: PeerId, counters: &Counters) -> Result<wire::Verified, MessageAcceptance> {
+    wire::open(data).map_err(|error| {
+        if error == WireError::BadSignature {
+            counters.update(|c| c.signature_failures += 1);
+        }
+        tracing::debug!(%from, %error, "rejected message");
+        reject(counters, error.reason())
+    })
+}
+
+/// The update a verified card makes, with the record it names.
+fn card_update(
+    publisher: PeerId,
+    body: wire::CardBody,
+    card: crate::card::AgentCard,
+    sig: Vec<u8>,
+) -> ((String, PeerId), Update) {
+    let update = Update::Upsert { publisher, seq: body.seq, card, origin: Origin::Remote, sig };
+    ((body.agent_id, publisher), update)
+}
+
+/// Whether applying a card changed the view; logs the change, which the mesh measurements time.
+fn card_applied(
+    agent_id: &str,
+    publisher: PeerId,
+    applied: Result<Applied, RegistryError>,
+) -> Result<bool, RegistryError> {
+    let applied = applied?;
+    if let Applied::Created { seq } | Applied::Updated { seq } = applied {
+        tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
+    }
+    Ok(matches!(applied, Applied::Created { .. } | Applied::Updated { .. }))
+}
+
+/// Counts what a verified message did and turns it into the gossip verdict.
+fn tally(counters: &Counters, publisher: PeerId, outcome: Result<bool, RegistryError>) -> MessageAcceptance {
+    match outcome {
+        Ok(true) => {
+            counters.update(|c| c.accepted += 1);
+            MessageAcceptance::Accept
+        }
+        Ok(false) => {
+            counters.update(|c| c.ignored += 1);
+            MessageAcceptance::Ignore
+        }
+        Err(error) => {
+            tracing::warn!(%publisher, %error, "could not store a verified message");
+            counters.update(|c| c.ignored += 1);
+            MessageAcceptance::Ignore
+        }
+    }
 }
 
 /// Verifies one message and applies it. Whoever relayed it, only its own signature says who published
@@ -138,16 +164,22 @@ async fn handle(
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) -> MessageAcceptance {
-    let verified = match wire::open(data) {
-        Ok(v) => v,
-        Err(error) => {
-            if error == WireError::BadSignature {
-                counters.update(|c| c.signature_failures += 1);
-            }
-            tracing::debug!(%from, %error, "rejected message");
-            return reject(counters, error.reason());
-        }
-    };
+    match open(data, from, counters) {
+        Ok(verified) => apply_verified(registry, verified, data, from, me, counters, verdicts).await,
+        Err(acceptance) => acceptance,
+    }
+}
+
+/// Applies a verified message (`data`: the message as received, kept when a heartbeat carries a list).
+async fn apply_verified(
+    registry: &Registry,
+    verified: wire::Verified,
+    data: &[u8],
+    from: PeerId,
+    me: PeerId,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) -> MessageAcceptance {
     let publisher = verified.publisher;
     if publisher == me {
         return MessageAcceptance::Ignore;
@@ -155,20 +187,8 @@ async fn handle(
     let now = now_millis();
     let outcome = match verified.message {
         Message::Card { body, card } => {
-            let agent_id = body.agent_id;
-            let update = Update::Upsert {
-                publisher,
-                seq: body.seq,
-                card: *card,
-                origin: Origin::Remote,
-                sig: verified.sig,
-            };
-            let applied = registry.apply(update, now).await;
-            if let Ok(Applied::Created { seq } | Applied::Updated { seq }) = applied {
-                // The mesh measurements time propagation from this event.
-                tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
-            }
-            applied.map(|applied| matches!(applied, Applied::Created { .. } | Applied::Updated { .. }))
+            let ((agent_id, _), update) = card_update(publisher, body, *card, verified.sig);
+            card_applied(&agent_id, publisher, registry.apply(update, now).await)
         }
         Message::Tombstone(t) => match t.agent_id {
             Some(agent_id) => registry
@@ -189,21 +209,7 @@ async fn handle(
             Ok(!outcome.replayed && !outcome.list_installed)
         }
     };
-    match outcome {
-        Ok(true) => {
-            counters.update(|c| c.accepted += 1);
-            MessageAcceptance::Accept
-        }
-        Ok(false) => {
-            counters.update(|c| c.ignored += 1);
-            MessageAcceptance::Ignore
-        }
-        Err(error) => {
-            tracing::warn!(%publisher, %error, "could not store a verified message");
-            counters.update(|c| c.ignored += 1);
-            MessageAcceptance::Ignore
-        }
-    }
+    tally(counters, publisher, outcome)
 }
 
 #[cfg(test)]

@@ -376,6 +376,16 @@ mod tests {
         Registry::open(dir, Keypair::generate_ed25519(), Thresholds::default()).unwrap().0
     }
 
+    /// A registry holding one remote card, `a` at seq 5, with its publisher's key and id.
+    async fn holding_remote_a_at_5() -> (tempfile::TempDir, Registry, Keypair, PeerId) {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        (dir, r, peer, p)
+    }
+
     #[tokio::test]
     async fn remote_cards_follow_seq_and_tombstones() {
         let dir = tempfile::tempdir().unwrap();
@@ -420,11 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn heartbeats_refresh_report_missing_and_ignore_replays() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = registry(dir.path());
-        let peer = Keypair::generate_ed25519();
-        let p = peer.public().to_peer_id();
-        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        let (_dir, r, _, p) = holding_remote_a_at_5().await;
         let t = *r.thresholds();
         let entry = || r.snapshot().by_agent_id("a")[0].clone();
         assert_eq!(entry().health(1_000, &t), Health::Unknown);
@@ -461,11 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_publisher_back_after_its_leave_is_accepted_at_its_old_seqs() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = registry(dir.path());
-        let peer = Keypair::generate_ed25519();
-        let p = peer.public().to_peer_id();
-        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        let (_dir, r, peer, p) = holding_remote_a_at_5().await;
         assert_eq!(r.remove_publisher(p, 1_000, 10).await.unwrap(), 1);
         // The same card again (a replay, or sync from a node that missed the leave): still hidden.
         assert!(matches!(
@@ -488,11 +490,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_fetched_list_is_installed_but_never_makes_a_silent_publisher_look_alive() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = registry(dir.path());
-        let peer = Keypair::generate_ed25519();
-        let p = peer.public().to_peer_id();
-        r.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
+        let (_dir, r, _, p) = holding_remote_a_at_5().await;
         let t = *r.thresholds();
         let entry = || r.snapshot().by_agent_id("a")[0].clone();
         let agents = vec![HeartbeatAgent { agent_id: "a".into(), seq: 5, reported: Reported::Degraded }];

@@ -25,6 +25,9 @@ pub enum Command {
         #[arg(long, env = "AGENTMESH_DATA_DIR", default_value = defaults::DATA_DIR)]
         data_dir: PathBuf,
     },
+    /// Print a new pre-shared network key for a closed mesh (save it as a file readable only by the
+    /// daemon's user, give every node of the mesh the same file with `--network-key`).
+    NetworkKey,
     /// Show a running daemon's mesh: status and connected peers.
     Peers {
         /// Base URL of the daemon's HTTP API.
@@ -87,6 +90,12 @@ pub struct RunArgs {
     /// Key that lets non-loopback clients write (prefer the variable: flags show in `ps`).
     #[arg(long, env = "AGENTMESH_API_KEY", value_name = "KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Closed mesh: pre-shared network key file (from `agentmesh network-key`).
+    #[arg(long, env = "AGENTMESH_NETWORK_KEY", value_name = "PATH")]
+    pub network_key: Option<PathBuf>,
+    /// Closed mesh: a PeerId whose agents are accepted (repeatable; comma-separated in the variable).
+    #[arg(long = "allow-publisher", env = "AGENTMESH_ALLOWED_PUBLISHERS", value_name = "PEER_ID", value_delimiter = ',')]
+    pub allowed_publishers: Vec<String>,
 }
 
 impl RunArgs {
@@ -135,6 +144,12 @@ impl RunArgs {
         }
         if let Some(v) = &self.api_key {
             c.api_key = Some(v.clone());
+        }
+        if let Some(v) = &self.network_key {
+            c.network_key = Some(v.clone());
+        }
+        if !self.allowed_publishers.is_empty() {
+            c.allowed_publishers = self.allowed_publishers.clone();
         }
         c.validate()?;
         Ok(c)

@@ -72,6 +72,12 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Key that lets non-loopback clients write. Default unset: only loopback clients may write.
     pub api_key: Option<String>,
+    /// A closed mesh's pre-shared key file (`/key/swarm/psk/1.0.0/` format, made by
+    /// `agentmesh network-key`): only peers holding the same key can connect. Default unset: open mesh.
+    pub network_key: Option<PathBuf>,
+    /// PeerIds whose agents this node accepts from the mesh (its own always). Default empty: anyone
+    /// whose signature verifies.
+    pub allowed_publishers: Vec<String>,
 }
 
 impl Default for Config {
@@ -91,6 +97,8 @@ impl Default for Config {
             probe_path: defaults::PROBE_PATH.to_owned(),
             log_format: LogFormat::Text,
             api_key: None,
+            network_key: None,
+            allowed_publishers: Vec::new(),
         }
     }
 }
@@ -112,6 +120,8 @@ impl fmt::Debug for Config {
             .field("probe_path", &self.probe_path)
             .field("log_format", &self.log_format)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("network_key", &self.network_key)
+            .field("allowed_publishers", &self.allowed_publishers)
             .finish()
     }
 }
@@ -169,6 +179,14 @@ impl Config {
         }
         if self.api_key.as_deref().is_some_and(|k| k.len() < 16) {
             return invalid("api_key", "must be at least 16 characters".into());
+        }
+        for peer in &self.allowed_publishers {
+            if let Err(e) = peer.parse::<libp2p::PeerId>() {
+                return invalid("allowed_publishers", format!("`{peer}` is not a PeerId: {e}"));
+            }
+        }
+        if self.network_key.is_some() && self.listen.iter().any(|a| a.contains("/quic")) {
+            return invalid("listen", "a closed mesh (network_key) listens on TCP only, not QUIC".into());
         }
         Ok(())
     }

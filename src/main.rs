@@ -41,6 +41,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Peers { api } => peers(&api).await,
+        Command::NetworkKey => {
+            let mut key = [0u8; 32];
+            rand::fill(&mut key);
+            print!("{}", libp2p::pnet::PreSharedKey::new(key).to_key_file());
+            Ok(())
+        }
         Command::Run(args) => {
             let config = args.resolve()?;
             init_tracing(config.log_format);

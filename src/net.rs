@@ -8,6 +8,7 @@
 //! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
 //!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
 
+pub mod guard;
 pub mod ingest;
 pub mod sync;
 
@@ -17,8 +18,11 @@ use std::time::Duration;
 
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
+use libp2p::core::transport::Transport as _;
+use libp2p::core::upgrade;
 use libp2p::identity::{Keypair, PeerId};
 use libp2p::multiaddr::Protocol;
+use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
@@ -35,7 +39,8 @@ use crate::api::now_millis;
 use crate::api::render::rfc3339;
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
-use ingest::{Inbound, Verdict};
+use guard::Guard;
+use ingest::{Inbound, Policy, Verdict};
 use sync::{DigestItem, SyncRequest, SyncResponse};
 
 /// Topic of cards and tombstones.
@@ -101,6 +106,11 @@ pub struct NetConfig {
     pub mdns: bool,
     pub heartbeat_interval: Duration,
     pub evict_after: Duration,
+    /// A closed mesh's pre-shared key: every connection is encrypted with it before anything else,
+    /// so peers without it cannot connect at all. (Its `Debug` shows only a fingerprint.)
+    pub psk: Option<PreSharedKey>,
+    /// A closed mesh's publishers: messages signed by anyone else are refused. `None`: anyone.
+    pub allowed_publishers: Option<Arc<HashSet<PeerId>>>,
 }
 
 #[derive(NetworkBehaviour)]
@@ -128,6 +138,10 @@ pub struct CounterState {
     /// Rejections by reason (`bad_signature`, `too_large`, `not_first_party`, …).
     pub rejected: BTreeMap<&'static str, u64>,
     pub signature_failures: u64,
+    /// Peers disconnected and refused for sending too many rejected messages (`guard`).
+    pub peers_banned: u64,
+    /// Connections that failed before being established (wrong network key, unreachable, refused).
+    pub connection_errors: u64,
     pub sync_rounds: u64,
     pub last_sync_ms: Option<u64>,
 }
@@ -151,6 +165,10 @@ pub struct Status {
     /// Gossip mesh peers per topic.
     pub mesh_peers: BTreeMap<String, usize>,
     pub routing_table_size: usize,
+    /// Peers refused right now for misbehaving.
+    pub banned_peers: usize,
+    /// Whether this node only talks to peers holding the network key.
+    pub closed_mesh: bool,
     pub records: BTreeMap<&'static str, usize>,
     pub last_sync: Option<String>,
     #[serde(flatten)]
@@ -226,22 +244,50 @@ fn score_params() -> gossipsub::PeerScoreParams {
     params
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>, NetError> {
     let err = |e: &dyn std::fmt::Display| NetError::Transport(e.to_string());
-    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair.clone())
-        .with_tokio()
-        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
-        .map_err(|e| err(&e))?;
-    // QUIC (listen on `/ip4/../udp/../quic-v1`) is an optional feature: it builds a TLS stack in C.
-    #[cfg(feature = "quic")]
-    let builder = builder.with_quic();
-    let swarm = builder
-        .with_dns()
-        .map_err(|e| err(&e))?
-        .with_behaviour(|key| behaviour(key, config))
-        .map_err(|e| err(&e))?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
-        .build();
+    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair.clone()).with_tokio();
+    let tcp_config = tcp::Config::default().nodelay(true);
+    let swarm_config = |c: libp2p::swarm::Config| c.with_idle_connection_timeout(Duration::from_secs(60));
+    let swarm = match config.psk {
+        None => {
+            let builder = builder
+                .with_tcp(tcp_config, noise::Config::new, yamux::Config::default)
+                .map_err(|e| err(&e))?;
+            // QUIC (listen on `/ip4/../udp/../quic-v1`) is an optional feature: it builds a TLS stack
+            // in C. A closed mesh has none: the network key protects TCP streams only.
+            #[cfg(feature = "quic")]
+            let builder = builder.with_quic();
+            builder
+                .with_dns()
+                .map_err(|e| err(&e))?
+                .with_behaviour(|key| behaviour(key, config))
+                .map_err(|e| err(&e))?
+                .with_swarm_config(swarm_config)
+                .build()
+        }
+        // TCP, then the pre-shared key's encryption, then noise and yamux as usual.
+        Some(psk) => builder
+            .with_other_transport(|key| {
+                let noise = noise::Config::new(key).map_err(|e| Box::new(e) as BoxError)?;
+                Ok::<_, BoxError>(
+                    tcp::tokio::Transport::new(tcp_config)
+                        .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+                        .upgrade(upgrade::Version::V1)
+                        .authenticate(noise)
+                        .multiplex(yamux::Config::default()),
+                )
+            })
+            .map_err(|e| err(&e))?
+            .with_dns()
+            .map_err(|e| err(&e))?
+            .with_behaviour(|key| behaviour(key, config))
+            .map_err(|e| err(&e))?
+            .with_swarm_config(swarm_config)
+            .build(),
+    };
     Ok(swarm)
 }
 
@@ -327,7 +373,8 @@ pub async fn spawn(
     let (ingest_tx, ingest_rx) = mpsc::channel(INGEST_QUEUE);
     let (verdict_tx, verdicts) = mpsc::channel(INGEST_QUEUE);
     let counters = Arc::new(Counters::default());
-    tokio::spawn(ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), peer_id));
+    let policy = Policy { me: peer_id, allowed: config.allowed_publishers.clone() };
+    tokio::spawn(ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), policy));
     let bootstrap = config
         .bootstrap
         .iter()
@@ -361,6 +408,7 @@ pub async fn spawn(
         list_beats: 0,
         own_list: None,
         list_fetches: HashMap::new(),
+        guard: Guard::default(),
     };
     let task = tokio::spawn(event_loop.run());
     Ok((NetHandle { tx, peer_id }, task))
@@ -408,6 +456,8 @@ struct EventLoop {
     own_list: Option<Arc<[u8]>>,
     /// When each publisher's list may be fetched again.
     list_fetches: HashMap<PeerId, Instant>,
+    /// Strikes and bans of peers that send what verification refuses.
+    guard: Guard,
 }
 
 impl EventLoop {
@@ -490,6 +540,10 @@ impl EventLoop {
             self.own_list = Some(msg.as_slice().into());
         }
         self.publish(&self.heartbeats.clone(), msg);
+        for peer in self.guard.expire(now) {
+            tracing::info!(%peer, "ban ended");
+            self.swarm.behaviour_mut().gossipsub.remove_blacklisted_peer(&peer);
+        }
         let stale = Instant::now();
         self.list_fetches.retain(|_, &mut at| at > stale);
         let registry = self.registry.clone();
@@ -569,6 +623,8 @@ impl EventLoop {
         let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
         let due: Vec<PeerId> =
             mdns.discovered_nodes().filter(|p| me < **p && !self.swarm.is_connected(p)).copied().collect();
+        let now = now_millis();
+        let due: Vec<PeerId> = due.into_iter().filter(|p| !self.guard.is_banned(p, now)).collect();
         for peer in due {
             // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.
             let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
@@ -589,12 +645,17 @@ impl EventLoop {
     fn on_verdict(&mut self, verdict: Verdict) {
         match verdict {
             Verdict::Validate { message_id, source, acceptance } => {
+                let rejected = acceptance == gossipsub::MessageAcceptance::Reject;
                 self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
                     &message_id,
                     &source,
                     acceptance,
                 );
+                if rejected {
+                    self.strike(source, 1);
+                }
             }
+            Verdict::Misbehaved { peer, rejected } => self.strike(peer, rejected),
             Verdict::FetchList { from, publisher } => {
                 let now = Instant::now();
                 let due = self.list_fetches.get(&publisher).is_none_or(|&at| now >= at);
@@ -614,6 +675,20 @@ impl EventLoop {
                 self.swarm.behaviour_mut().sync.send_request(&peer, request);
             }
         }
+    }
+
+    /// Counts rejected messages against the peer that sent them; past the limit it is disconnected and
+    /// refused for `guard::BAN_FOR`.
+    fn strike(&mut self, peer: PeerId, rejected: u32) {
+        if !self.guard.strike(peer, rejected, now_millis()) {
+            return;
+        }
+        tracing::warn!(%peer, ban_secs = guard::BAN_FOR.as_secs(), "peer banned: too many rejected messages");
+        self.counters.update(|c| c.peers_banned += 1);
+        let behaviour = self.swarm.behaviour_mut();
+        behaviour.gossipsub.blacklist_peer(&peer);
+        behaviour.kad.remove_peer(&peer);
+        let _ = self.swarm.disconnect_peer_id(peer);
     }
 
     fn on_command(&mut self, command: Command) {
@@ -662,6 +737,8 @@ impl EventLoop {
             connected_peers: self.swarm.connected_peers().count(),
             mesh_peers,
             routing_table_size,
+            banned_peers: self.guard.banned(now_millis()),
+            closed_mesh: self.config.psk.is_some(),
             records,
             last_sync: counters.last_sync_ms.map(rfc3339),
             counters,
@@ -694,6 +771,11 @@ impl EventLoop {
             SwarmEvent::ConnectionEstablished {
                 peer_id, connection_id, endpoint, num_established, ..
             } => {
+                if self.guard.is_banned(&peer_id, now_millis()) {
+                    tracing::debug!(%peer_id, "refused a connection of a banned peer");
+                    let _ = self.swarm.close_connection(connection_id);
+                    return;
+                }
                 let addr = endpoint.get_remote_address().clone();
                 self.addrs.entry(peer_id).or_default().insert(addr.clone());
                 if endpoint.is_dialer() {
@@ -713,10 +795,17 @@ impl EventLoop {
                     self.request_sync(peer_id);
                 }
             }
-            SwarmEvent::OutgoingConnectionError { connection_id, .. } => {
+            SwarmEvent::OutgoingConnectionError { connection_id, peer_id, error } => {
+                tracing::debug!(peer = ?peer_id, %error, "could not connect");
+                self.counters.update(|c| c.connection_errors += 1);
                 for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {
                     b.pending = None;
                 }
+            }
+            SwarmEvent::IncomingConnectionError { send_back_addr, error, .. } => {
+                // A peer without this mesh's network key ends here, at the handshake.
+                tracing::debug!(from = %send_back_addr, %error, "incoming connection failed");
+                self.counters.update(|c| c.connection_errors += 1);
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
                 tracing::debug!(%peer_id, "peer disconnected");

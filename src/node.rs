@@ -1,11 +1,13 @@
 //! The node: wires identity, registry and HTTP API together and owns their shutdown.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::identity::PeerId;
+use libp2p::pnet::PreSharedKey;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +38,15 @@ pub enum NodeError {
     Serve(std::io::Error),
     #[error(transparent)]
     Net(#[from] NetError),
+    #[error("cannot read network key file {path}: {reason}")]
+    NetworkKey { path: PathBuf, reason: String },
+}
+
+/// Reads a pre-shared network key file; the error names the file, never the key.
+pub fn read_network_key(path: &std::path::Path) -> Result<PreSharedKey, NodeError> {
+    let err = |reason: String| NodeError::NetworkKey { path: path.to_owned(), reason };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    text.parse::<PreSharedKey>().map_err(|e| err(format!("not a `/key/swarm/psk/1.0.0/` key: {e:?}")))
 }
 
 /// How long shutdown waits for the goodbye to leave.
@@ -55,6 +66,7 @@ pub struct Node {
 impl Node {
     /// Opens the data dir, registers the configured card files and starts serving.
     pub async fn start(config: Config) -> Result<Self, NodeError> {
+        let psk = config.network_key.as_deref().map(read_network_key).transpose()?;
         let identity = Identity::load_or_create(&config.data_dir)?;
         let peer_id = identity.peer_id();
         let store_dir = config.data_dir.join(STORE_DIR);
@@ -66,6 +78,16 @@ impl Node {
                 .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
         let registry = Arc::new(registry);
+        let allowed_publishers: Option<Arc<HashSet<PeerId>>> = (!config.allowed_publishers.is_empty())
+            .then(|| Arc::new(config.allowed_publishers.iter().filter_map(|p| p.parse().ok()).collect()));
+        if let Some(allowed) = &allowed_publishers {
+            // What an earlier run stored from publishers now outside the list goes.
+            let forgotten = registry.forget_publishers(|p| allowed.contains(p)).await?;
+            tracing::info!(allowed = allowed.len(), forgotten, "closed mesh: publisher allow-list");
+        }
+        if let Some(psk) = &psk {
+            tracing::info!(fingerprint = %psk.fingerprint(), "closed mesh: network key");
+        }
 
         for path in &card_files(&config.cards).await? {
             let bytes = tokio::fs::read(path)
@@ -91,6 +113,8 @@ impl Node {
             mdns: config.mdns,
             heartbeat_interval: config.heartbeat_interval,
             evict_after: config.evict_after,
+            psk,
+            allowed_publishers,
         };
         let (net, mesh) = net::spawn(net_config, identity.keypair().clone(), registry.clone()).await?;
 

@@ -8,7 +8,7 @@
 //! heartbeat is one atomic store, not a snapshot rebuild.
 
 pub mod health;
-mod remote;
+pub mod remote;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -256,6 +256,8 @@ pub enum Applied {
     Unchanged {
         seq: u64,
     },
+    /// A new remote record refused: its publisher or the view is full.
+    OverLimit(remote::Limit),
 }
 
 impl Applied {
@@ -345,6 +347,10 @@ impl Registry {
         release_free_memory();
         let store = Store::reopen(dir)?;
         let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
+        let remote = remote::RemoteState::default();
+        for entry in map.values().filter(|e| !e.is_local()) {
+            remote.count_loaded(entry.key.publisher);
+        }
         let registry = Self {
             me,
             signer,
@@ -355,7 +361,7 @@ impl Registry {
             health_epoch: AtomicU64::new(0),
             names,
             changes: broadcast::channel(CHANGE_CHANNEL).0,
-            remote: remote::RemoteState::default(),
+            remote,
         };
         Ok((registry, report))
     }
@@ -486,8 +492,10 @@ impl Registry {
                     return Ok(Applied::Stale { held: held.map(|e| e.seq) });
                 }
                 let created = held.is_none();
-                if created && origin == Origin::Remote && !self.remote.admit(publisher) {
-                    return Ok(Applied::Stale { held: None });
+                if created && origin == Origin::Remote {
+                    if let Err(limit) = self.remote.admit(publisher) {
+                        return Ok(Applied::OverLimit(limit));
+                    }
                 }
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
                 let card = HeldCard::new(&card);

@@ -67,7 +67,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_u8(v: u8) -> Result<Kind, WireError> {
+    pub fn from_u8(v: u8) -> Result<Kind, WireError> {
         match v {
             1 => Ok(Kind::Card),
             2 => Ok(Kind::Heartbeat),
@@ -197,8 +197,9 @@ fn signing_input(kind: Kind, body: &[u8]) -> Vec<u8> {
     input
 }
 
-/// Signs and encodes a body.
-fn seal(key: &Keypair, kind: Kind, body: Vec<u8>) -> Vec<u8> {
+/// Signs and encodes a body as it is, whatever it holds: [`open`] then judges it like any peer's
+/// message (tooling, fuzzing and hostile-peer tests; the daemon seals through the typed `seal_*`).
+pub fn seal(key: &Keypair, kind: Kind, body: Vec<u8>) -> Vec<u8> {
     let sig = key.sign(&signing_input(kind, &body)).unwrap_or_default();
     envelope(key.public().to_peer_id(), kind, body, sig)
 }

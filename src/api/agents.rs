@@ -52,6 +52,8 @@ pub fn registered(app: &AppState, agent_id: &str, applied: Applied) -> Response 
             (StatusCode::OK, seq)
         }
         Applied::Stale { held } => (StatusCode::OK, held.unwrap_or_default()),
+        // Limits apply to remote records only; a local registration never meets one.
+        Applied::OverLimit(_) => (StatusCode::OK, 0),
     };
     tracing::info!(agent_id, seq, created = status == StatusCode::CREATED, "local agent registered");
     let body = json!({

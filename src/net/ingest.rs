@@ -1,6 +1,7 @@
 //! The ingest worker: verifies and applies what peers send, one message at a time, and tells the event
 //! loop how each gossip message fared so gossipsub forwards the good and penalises the forged.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use libp2p::gossipsub::{MessageAcceptance, MessageId};
@@ -39,6 +40,41 @@ pub enum Verdict {
         from: PeerId,
         publisher: PeerId,
     },
+    /// A sync response from this peer held messages that were refused (gossip is judged by its verdicts).
+    Misbehaved {
+        peer: PeerId,
+        rejected: u32,
+    },
+}
+
+/// Whose messages this node takes.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub me: PeerId,
+    /// Publishers accepted in a closed mesh; `None`: every publisher whose signature verifies.
+    pub allowed: Option<Arc<HashSet<PeerId>>>,
+}
+
+impl Policy {
+    pub fn open_mesh(me: PeerId) -> Self {
+        Self { me, allowed: None }
+    }
+
+    /// Whether messages signed by `publisher` are taken (this node's own always are).
+    pub fn admits(&self, publisher: &PeerId) -> bool {
+        *publisher == self.me || self.allowed.as_ref().is_none_or(|a| a.contains(publisher))
+    }
+}
+
+/// What applying a verified message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// The view changed: forward it.
+    Changed,
+    /// Nothing new (a replay, an older version, this node's own): drop it quietly.
+    Unchanged,
+    /// Refused for this reason (counted): penalise whoever sent it.
+    Refused(&'static str),
 }
 
 pub async fn run(
@@ -46,18 +82,18 @@ pub async fn run(
     mut inbox: mpsc::Receiver<Inbound>,
     verdicts: mpsc::Sender<Verdict>,
     counters: Arc<Counters>,
-    me: PeerId,
+    policy: Policy,
 ) {
     while let Some(item) = inbox.recv().await {
         match item {
             Inbound::Gossip { message_id, source, data } => {
-                let acceptance = handle(&registry, &data, source, me, &counters, &verdicts).await;
+                let acceptance = handle(&registry, &data, source, &policy, &counters, &verdicts).await;
                 if verdicts.send(Verdict::Validate { message_id, source, acceptance }).await.is_err() {
                     return;
                 }
             }
             Inbound::Signed { from, messages } => {
-                apply_signed(&registry, messages, from, me, &counters, &verdicts).await;
+                apply_signed(&registry, messages, from, &policy, &counters, &verdicts).await;
             }
         }
     }
@@ -69,29 +105,37 @@ async fn apply_signed(
     registry: &Registry,
     messages: Vec<ByteBuf>,
     from: PeerId,
-    me: PeerId,
+    policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) {
     let mut cards = Vec::with_capacity(messages.len());
+    let mut rejected = 0u32;
     for message in messages {
-        let Ok(verified) = open(&message, from, counters) else { continue };
+        let Ok(verified) = open(&message, from, policy, counters) else {
+            rejected += 1;
+            continue;
+        };
         match verified {
-            wire::Verified { publisher, message: Message::Card { body, card }, sig } if publisher != me => {
+            wire::Verified { publisher, message: Message::Card { body, card }, sig } if publisher != policy.me => {
                 cards.push(card_update(publisher, body, *card, sig));
             }
             verified => {
-                apply_verified(registry, verified, &message, from, me, counters, verdicts).await;
+                let acceptance = apply_verified(registry, verified, &message, from, policy, counters, verdicts).await;
+                rejected += u32::from(acceptance == MessageAcceptance::Reject);
             }
         }
     }
-    if cards.is_empty() {
-        return;
+    if !cards.is_empty() {
+        let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
+        let results = registry.apply_many(updates, now_millis()).await;
+        for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
+            let acceptance = tally(counters, publisher, card_applied(&agent_id, publisher, result));
+            rejected += u32::from(acceptance == MessageAcceptance::Reject);
+        }
     }
-    let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
-    let results = registry.apply_many(updates, now_millis()).await;
-    for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
-        tally(counters, publisher, card_applied(&agent_id, publisher, result));
+    if rejected > 0 {
+        let _ = verdicts.try_send(Verdict::Misbehaved { peer: from, rejected });
     }
 }
 
@@ -100,15 +144,26 @@ fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
     MessageAcceptance::Reject
 }
 
-/// Opens (verifies, then decodes) a message; a failure is counted by reason and answered `Reject`.
-fn open(data: &[u8], from: PeerId, counters: &Counters) -> Result<wire::Verified, MessageAcceptance> {
-    wire::open(data).map_err(|error| {
+/// Opens (verifies, then decodes) a message and checks its publisher against the policy; a failure is
+/// counted by reason and answered `Reject`.
+fn open(
+    data: &[u8],
+    from: PeerId,
+    policy: &Policy,
+    counters: &Counters,
+) -> Result<wire::Verified, MessageAcceptance> {
+    let verified = wire::open(data).map_err(|error| {
         if error == WireError::BadSignature {
             counters.update(|c| c.signature_failures += 1);
         }
         tracing::debug!(%from, %error, "rejected message");
         reject(counters, error.reason())
-    })
+    })?;
+    if !policy.admits(&verified.publisher) {
+        tracing::debug!(%from, publisher = %verified.publisher, "rejected message of a publisher outside the allow-list");
+        return Err(reject(counters, "publisher_not_allowed"));
+    }
+    Ok(verified)
 }
 
 /// The update a verified card makes, with the record it names.
@@ -122,30 +177,45 @@ fn card_update(
     ((body.agent_id, publisher), update)
 }
 
-/// Whether applying a card changed the view; logs the change, which the mesh measurements time.
+/// What applying a card did; logs a change, which the mesh measurements time.
 fn card_applied(
     agent_id: &str,
     publisher: PeerId,
     applied: Result<Applied, RegistryError>,
-) -> Result<bool, RegistryError> {
-    let applied = applied?;
-    if let Applied::Created { seq } | Applied::Updated { seq } = applied {
-        tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
+) -> Result<Fate, RegistryError> {
+    Ok(match applied? {
+        Applied::Created { seq } | Applied::Updated { seq } => {
+            tracing::debug!(target: "agentmesh::apply", %agent_id, %publisher, seq, "card applied");
+            Fate::Changed
+        }
+        Applied::OverLimit(limit) => {
+            tracing::debug!(%agent_id, %publisher, reason = limit.reason(), "card refused: over a limit");
+            Fate::Refused(limit.reason())
+        }
+        _ => Fate::Unchanged,
+    })
+}
+
+fn changed(changed: bool) -> Fate {
+    if changed {
+        Fate::Changed
+    } else {
+        Fate::Unchanged
     }
-    Ok(matches!(applied, Applied::Created { .. } | Applied::Updated { .. }))
 }
 
 /// Counts what a verified message did and turns it into the gossip verdict.
-fn tally(counters: &Counters, publisher: PeerId, outcome: Result<bool, RegistryError>) -> MessageAcceptance {
+fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryError>) -> MessageAcceptance {
     match outcome {
-        Ok(true) => {
+        Ok(Fate::Changed) => {
             counters.update(|c| c.accepted += 1);
             MessageAcceptance::Accept
         }
-        Ok(false) => {
+        Ok(Fate::Unchanged) => {
             counters.update(|c| c.ignored += 1);
             MessageAcceptance::Ignore
         }
+        Ok(Fate::Refused(reason)) => reject(counters, reason),
         Err(error) => {
             tracing::warn!(%publisher, %error, "could not store a verified message");
             counters.update(|c| c.ignored += 1);
@@ -160,12 +230,12 @@ async fn handle(
     registry: &Registry,
     data: &[u8],
     from: PeerId,
-    me: PeerId,
+    policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) -> MessageAcceptance {
-    match open(data, from, counters) {
-        Ok(verified) => apply_verified(registry, verified, data, from, me, counters, verdicts).await,
+    match open(data, from, policy, counters) {
+        Ok(verified) => apply_verified(registry, verified, data, from, policy, counters, verdicts).await,
         Err(acceptance) => acceptance,
     }
 }
@@ -176,12 +246,12 @@ async fn apply_verified(
     verified: wire::Verified,
     data: &[u8],
     from: PeerId,
-    me: PeerId,
+    policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) -> MessageAcceptance {
     let publisher = verified.publisher;
-    if publisher == me {
+    if publisher == policy.me {
         return MessageAcceptance::Ignore;
     }
     let now = now_millis();
@@ -194,8 +264,8 @@ async fn apply_verified(
             Some(agent_id) => registry
                 .apply(Update::Remove { publisher, agent_id, seq: t.seq }, now)
                 .await
-                .map(|applied| matches!(applied, Applied::Removed { .. })),
-            None => registry.remove_publisher(publisher, t.seq, now).await.map(|n| n > 0),
+                .map(|applied| changed(matches!(applied, Applied::Removed { .. }))),
+            None => registry.remove_publisher(publisher, t.seq, now).await.map(|n| changed(n > 0)),
         },
         Message::Heartbeat(body) => {
             let outcome = registry.remote_heartbeat(publisher, &body, data, now);
@@ -206,7 +276,7 @@ async fn apply_verified(
                 let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
             }
             // A fetched list is applied but not forwarded: it is old news to everyone else.
-            Ok(!outcome.replayed && !outcome.list_installed)
+            Ok(changed(!outcome.replayed && !outcome.list_installed))
         }
     };
     tally(counters, publisher, outcome)
@@ -225,7 +295,7 @@ mod tests {
         counters: Counters,
         verdicts: mpsc::Sender<Verdict>,
         _rx: mpsc::Receiver<Verdict>,
-        me: PeerId,
+        policy: Policy,
         _dir: tempfile::TempDir,
     }
 
@@ -236,12 +306,12 @@ mod tests {
             let me = key.public().to_peer_id();
             let (registry, _) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
             let (verdicts, _rx) = mpsc::channel(16);
-            Self { registry, counters: Counters::default(), verdicts, _rx, me, _dir: dir }
+            Self { registry, counters: Counters::default(), verdicts, _rx, policy: Policy::open_mesh(me), _dir: dir }
         }
 
         async fn gossip(&self, data: &[u8], relay: &Keypair) -> MessageAcceptance {
             let relay = relay.public().to_peer_id();
-            handle(&self.registry, data, relay, self.me, &self.counters, &self.verdicts).await
+            handle(&self.registry, data, relay, &self.policy, &self.counters, &self.verdicts).await
         }
 
         fn view(&self) -> Vec<(String, u64)> {
@@ -320,8 +390,37 @@ mod tests {
     #[tokio::test]
     async fn own_messages_reflected_back_are_ignored() {
         let me_key = Keypair::generate_ed25519();
-        let h = Harness { me: me_key.public().to_peer_id(), ..Harness::new() };
+        let h = Harness { policy: Policy::open_mesh(me_key.public().to_peer_id()), ..Harness::new() };
         assert_eq!(h.gossip(&card_msg(&me_key, "mine", 1), &me_key).await, MessageAcceptance::Ignore);
         assert!(h.view().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_closed_mesh_takes_only_listed_publishers_whoever_relays_them() {
+        let listed = Keypair::generate_ed25519();
+        let outsider = Keypair::generate_ed25519();
+        let mut h = Harness::new();
+        let allowed = [listed.public().to_peer_id()].into_iter().collect();
+        h.policy.allowed = Some(Arc::new(allowed));
+        assert_eq!(h.gossip(&card_msg(&outsider, "x", 1), &listed).await, MessageAcceptance::Reject);
+        let agents = vec![];
+        let hb = HeartbeatBody { sent_at: 1, digest: wire::agents_digest(&agents), agents: Some(agents) };
+        assert_eq!(h.gossip(&wire::seal_heartbeat(&outsider, &hb), &listed).await, MessageAcceptance::Reject);
+        assert_eq!(h.rejected("publisher_not_allowed"), 2);
+        assert_eq!(h.gossip(&card_msg(&listed, "a", 1), &outsider).await, MessageAcceptance::Accept);
+        assert_eq!(h.view(), vec![("a".to_owned(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_publisher_over_its_limit_is_rejected_not_ignored() {
+        let h = Harness::new();
+        let flooder = Keypair::generate_ed25519();
+        for i in 0..wire::MAX_AGENTS_PER_PUBLISHER {
+            assert_eq!(h.gossip(&card_msg(&flooder, &format!("a{i}"), 1), &flooder).await, MessageAcceptance::Accept);
+        }
+        let over = card_msg(&flooder, "one-too-many", 1);
+        assert_eq!(h.gossip(&over, &flooder).await, MessageAcceptance::Reject);
+        assert_eq!(h.rejected("publisher_over_limit"), 1);
+        assert_eq!(h.view().len(), wire::MAX_AGENTS_PER_PUBLISHER);
     }
 }

@@ -12,6 +12,29 @@ use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
 use crate::wire::{HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
 
+/// Remote records held in all, whoever published them: a bound on the memory that many publishers
+/// (or many keys of one hostile peer) can take. About 5 KB each at most: some 250 MB at the limit.
+pub const MAX_REMOTE_RECORDS: usize = 50_000;
+
+/// Why a new remote record was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The publisher already has `MAX_AGENTS_PER_PUBLISHER` records here.
+    Publisher,
+    /// The view already holds `MAX_REMOTE_RECORDS` remote records.
+    View,
+}
+
+impl Limit {
+    /// The rejection reason counted in the mesh status.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Limit::Publisher => "publisher_over_limit",
+            Limit::View => "view_full",
+        }
+    }
+}
+
 /// A publisher's agent list, its digest, and the signed heartbeat that carried it (served to nodes
 /// that missed it).
 struct KnownList {
@@ -29,14 +52,20 @@ struct Heard {
     at: Millis,
 }
 
+#[derive(Default)]
+struct Counts {
+    per_publisher: HashMap<PeerId, usize>,
+    total: usize,
+}
+
 /// Mesh bookkeeping that lives beside the view, in memory only.
 #[derive(Default)]
 pub(super) struct RemoteState {
     /// Records removed recently, with the removal's seq and when: an older card arriving later (a
     /// replay, or a slow path through the mesh) must not bring the agent back.
     tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
-    /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`.
-    counts: Mutex<HashMap<PeerId, usize>>,
+    /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`, and in all.
+    counts: Mutex<Counts>,
     /// Publishers that announced their leave, with its seq: their records' tombstones hold until a
     /// heartbeat sent after the leave shows the publisher back.
     /// Forgotten with the tombstones, after `evict_after`.
@@ -75,23 +104,40 @@ impl RemoteState {
         }
     }
 
-    /// Counts a new record of `publisher`; false when the publisher is at its limit.
-    pub(super) fn admit(&self, publisher: PeerId) -> bool {
+    /// Counts a new record of `publisher`, unless the publisher or the whole view is at its limit.
+    pub(super) fn admit(&self, publisher: PeerId) -> Result<(), Limit> {
         let mut counts = lock(&self.counts);
-        let count = counts.entry(publisher).or_default();
+        let Counts { per_publisher, total } = &mut *counts;
+        let count = per_publisher.entry(publisher).or_default();
         if *count >= MAX_AGENTS_PER_PUBLISHER {
-            return false;
+            return Err(Limit::Publisher);
+        }
+        if *total >= MAX_REMOTE_RECORDS {
+            if *count == 0 {
+                per_publisher.remove(&publisher);
+            }
+            return Err(Limit::View);
         }
         *count += 1;
-        true
+        *total += 1;
+        Ok(())
+    }
+
+    /// Counts a record loaded from the store (limits apply to what arrives, not to what was kept).
+    pub(super) fn count_loaded(&self, publisher: PeerId) {
+        let mut counts = lock(&self.counts);
+        *counts.per_publisher.entry(publisher).or_default() += 1;
+        counts.total += 1;
     }
 
     pub(super) fn release(&self, publisher: PeerId) {
         let mut counts = lock(&self.counts);
-        if let Some(count) = counts.get_mut(&publisher) {
+        let Counts { per_publisher, total } = &mut *counts;
+        if let Some(count) = per_publisher.get_mut(&publisher) {
             *count = count.saturating_sub(1);
+            *total = total.saturating_sub(1);
             if *count == 0 {
-                counts.remove(&publisher);
+                per_publisher.remove(&publisher);
             }
         }
     }
@@ -289,6 +335,24 @@ impl Registry {
             self.publish(&map);
         }
         Ok(evicted)
+    }
+
+    /// Removes every remote record whose publisher `keep` refuses (a publisher allow-list applied to
+    /// what an earlier run stored). Returns how many went.
+    pub async fn forget_publishers(&self, keep: impl Fn(&PeerId) -> bool) -> Result<usize, RegistryError> {
+        let mut map = self.writer.lock().await;
+        let gone: Vec<RecordKey> =
+            map.values().filter(|e| e.origin == Origin::Remote && !keep(&e.key.publisher)).map(|e| e.key.clone()).collect();
+        for key in &gone {
+            self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
+            map.remove(key);
+            self.remote.release(key.publisher);
+        }
+        if !gone.is_empty() {
+            self.store.flush().await?;
+            self.publish(&map);
+        }
+        Ok(gone.len())
     }
 
     /// `(publisher, agent_id, seq)` of every record held: what anti-entropy compares.
@@ -526,7 +590,7 @@ mod tests {
         }
         let mut extra = template.clone();
         extra.agent_id = "one-too-many".into();
-        assert_eq!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::Stale { held: None });
+        assert_eq!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::OverLimit(Limit::Publisher));
         // Updates of what it holds still apply, and other publishers are unaffected.
         let mut again = template.clone();
         again.agent_id = "flood-0".into();
@@ -537,6 +601,17 @@ mod tests {
         let p = flooder.public().to_peer_id();
         r.apply(Update::Remove { publisher: p, agent_id: "flood-1".into(), seq: 5 }, 0).await.unwrap();
         assert!(matches!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::Created { .. }));
+        // The limit holds across a restart: stored records count.
+        r.store.flush().await.unwrap();
+        drop(r);
+        let r = registry(dir.path());
+        let mut late = template.clone();
+        late.agent_id = "after-restart".into();
+        assert_eq!(r.apply(signed(&flooder, &late, 1), 0).await.unwrap(), Applied::OverLimit(Limit::Publisher));
+        // An allow-list applied later forgets the publisher's stored records, and frees its count.
+        assert_eq!(r.forget_publishers(|peer| *peer != p).await.unwrap(), MAX_AGENTS_PER_PUBLISHER);
+        assert_eq!(r.snapshot().entries.len(), 1, "the honest publisher's card stays");
+        assert!(matches!(r.apply(signed(&flooder, &late, 1), 0).await.unwrap(), Applied::Created { .. }));
     }
 
     #[tokio::test]

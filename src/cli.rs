@@ -94,7 +94,12 @@ pub struct RunArgs {
     #[arg(long, env = "AGENTMESH_NETWORK_KEY", value_name = "PATH")]
     pub network_key: Option<PathBuf>,
     /// Closed mesh: a PeerId whose agents are accepted (repeatable; comma-separated in the variable).
-    #[arg(long = "allow-publisher", env = "AGENTMESH_ALLOWED_PUBLISHERS", value_name = "PEER_ID", value_delimiter = ',')]
+    #[arg(
+        long = "allow-publisher",
+        env = "AGENTMESH_ALLOWED_PUBLISHERS",
+        value_name = "PEER_ID",
+        value_delimiter = ','
+    )]
     pub allowed_publishers: Vec<String>,
 }
 

@@ -16,10 +16,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use libp2p::futures::StreamExt;
-use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::core::transport::Transport as _;
 use libp2p::core::upgrade;
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::identity::{Keypair, PeerId};
 use libp2p::multiaddr::Protocol;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
@@ -87,6 +87,9 @@ pub const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long a connection may take to be set up (network key, noise, yamux) before it is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -277,7 +280,9 @@ fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>
                         .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
                         .upgrade(upgrade::Version::V1)
                         .authenticate(noise)
-                        .multiplex(yamux::Config::default()),
+                        .multiplex(yamux::Config::default())
+                        // A peer without the key may stall the handshake rather than fail it.
+                        .timeout(HANDSHAKE_TIMEOUT),
                 )
             })
             .map_err(|e| err(&e))?

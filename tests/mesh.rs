@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use agentmesh::config::Config;
+use agentmesh::net;
 use common::{config, fixture_cards, sdk_registration, TestNode};
 use reqwest::Method;
 use serde_json::Value;
@@ -255,4 +256,90 @@ async fn a_partition_heals_and_both_sides_converge() {
     wait_health(&c, "beta-analytics", "active").await;
     wait_health(&b, "gamma-i18n", "active").await;
     wait_health(&b, "beta-analytics", "active").await;
+}
+
+/// A closed mesh: `key` is the network key file (None: open), `allowed` the publisher allow-list.
+fn closed_config(
+    dir: &std::path::Path,
+    bootstrap: Vec<String>,
+    key: Option<&std::path::Path>,
+    allowed: Vec<String>,
+) -> Config {
+    Config {
+        network_key: key.map(|k| k.to_owned()),
+        allowed_publishers: allowed,
+        ..mesh_config(dir, bootstrap)
+    }
+}
+
+fn network_key_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_agentmesh")).arg("network-key").output().unwrap();
+    assert!(out.status.success());
+    let path = dir.join(name);
+    std::fs::write(&path, out.stdout).unwrap();
+    path
+}
+
+async fn counter(n: &TestNode, name: &str) -> u64 {
+    let (_, status) = n.get("/api/v1/mesh/status").await;
+    status[name].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_network_key_cannot_join_a_closed_mesh() {
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let keys = tempfile::tempdir().unwrap();
+    let key = network_key_file(keys.path(), "mesh.key");
+    let other_key = network_key_file(keys.path(), "other.key");
+    let a = TestNode::start(closed_config(dirs[0].path(), vec![], Some(&key), vec![])).await;
+    let a_addr = dial_addr(&a).await;
+    let b = TestNode::start(closed_config(dirs[1].path(), vec![a_addr.clone()], Some(&key), vec![])).await;
+    let keyless = start(dirs[2].path(), vec![a_addr.clone()]).await;
+    let wrong_key =
+        TestNode::start(closed_config(dirs[3].path(), vec![a_addr], Some(&other_key), vec![])).await;
+    a.register(&fixture_cards()[0]).await;
+    wait_health(&b, "alpha-research", "active").await;
+    let (_, status) = a.get("/api/v1/mesh/status").await;
+    assert_eq!(status["closed_mesh"], true);
+
+    // Both outsiders dialled a and failed at the handshake (at the latest when it times out).
+    let deadline = std::time::Instant::now() + net::HANDSHAKE_TIMEOUT * 3;
+    for outsider in [&keyless, &wrong_key] {
+        while counter(outsider, "connection_errors").await == 0 {
+            assert!(std::time::Instant::now() < deadline, "no failed dial of a");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(counter(outsider, "connected_peers").await, 0);
+        assert_eq!(health_on(outsider, "alpha-research").await, None, "nothing of the closed mesh leaked");
+    }
+    assert_eq!(counter(&a, "connected_peers").await, 1, "a is connected to b only");
+    assert!(counter(&a, "connection_errors").await >= 1, "a saw an outsider's handshake fail");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_outside_the_allow_list_is_not_accepted() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let id = |d: &tempfile::TempDir| {
+        agentmesh::identity::Identity::load_or_create(d.path()).unwrap().peer_id().to_base58()
+    };
+    let (a_id, b_id) = (id(&dirs[0]), id(&dirs[1]));
+    // a takes only b's agents; c (an outsider publisher) is connected to a directly.
+    let a = TestNode::start(closed_config(dirs[0].path(), vec![], None, vec![b_id, a_id.clone()])).await;
+    let a_addr = dial_addr(&a).await;
+    let b = start(dirs[1].path(), vec![a_addr.clone()]).await;
+    let c = start(dirs[2].path(), vec![a_addr]).await;
+    b.register(&fixture_cards()[1]).await;
+    c.register(&fixture_cards()[2]).await;
+    wait_health(&a, "beta-analytics", "active").await;
+    // b, which has no allow-list, hears c's agent (through a's relay or directly): a refused it.
+    wait_health(&b, "gamma-i18n", "active").await;
+    a.wait_for("refusals of c's messages", || async {
+        let (_, status) = a.get("/api/v1/mesh/status").await;
+        (status["rejected"]["publisher_not_allowed"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(health_on(&a, "gamma-i18n").await, None, "c's agent is not in a's view");
+    let ids = a.discover_ids("").await;
+    assert!(ids.contains(&"beta-analytics".to_owned()) && !ids.contains(&"gamma-i18n".to_owned()), "{ids:?}");
 }

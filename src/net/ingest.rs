@@ -117,11 +117,14 @@ async fn apply_signed(
             continue;
         };
         match verified {
-            wire::Verified { publisher, message: Message::Card { body, card }, sig } if publisher != policy.me => {
+            wire::Verified { publisher, message: Message::Card { body, card }, sig }
+                if publisher != policy.me =>
+            {
                 cards.push(card_update(publisher, body, *card, sig));
             }
             verified => {
-                let acceptance = apply_verified(registry, verified, &message, from, policy, counters, verdicts).await;
+                let acceptance =
+                    apply_verified(registry, verified, &message, from, policy, counters, verdicts).await;
                 rejected += u32::from(acceptance == MessageAcceptance::Reject);
             }
         }
@@ -306,7 +309,14 @@ mod tests {
             let me = key.public().to_peer_id();
             let (registry, _) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
             let (verdicts, _rx) = mpsc::channel(16);
-            Self { registry, counters: Counters::default(), verdicts, _rx, policy: Policy::open_mesh(me), _dir: dir }
+            Self {
+                registry,
+                counters: Counters::default(),
+                verdicts,
+                _rx,
+                policy: Policy::open_mesh(me),
+                _dir: dir,
+            }
         }
 
         async fn gossip(&self, data: &[u8], relay: &Keypair) -> MessageAcceptance {
@@ -416,7 +426,10 @@ mod tests {
         let h = Harness::new();
         let flooder = Keypair::generate_ed25519();
         for i in 0..wire::MAX_AGENTS_PER_PUBLISHER {
-            assert_eq!(h.gossip(&card_msg(&flooder, &format!("a{i}"), 1), &flooder).await, MessageAcceptance::Accept);
+            assert_eq!(
+                h.gossip(&card_msg(&flooder, &format!("a{i}"), 1), &flooder).await,
+                MessageAcceptance::Accept
+            );
         }
         let over = card_msg(&flooder, "one-too-many", 1);
         assert_eq!(h.gossip(&over, &flooder).await, MessageAcceptance::Reject);

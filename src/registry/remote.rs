@@ -341,8 +341,11 @@ impl Registry {
     /// what an earlier run stored). Returns how many went.
     pub async fn forget_publishers(&self, keep: impl Fn(&PeerId) -> bool) -> Result<usize, RegistryError> {
         let mut map = self.writer.lock().await;
-        let gone: Vec<RecordKey> =
-            map.values().filter(|e| e.origin == Origin::Remote && !keep(&e.key.publisher)).map(|e| e.key.clone()).collect();
+        let gone: Vec<RecordKey> = map
+            .values()
+            .filter(|e| e.origin == Origin::Remote && !keep(&e.key.publisher))
+            .map(|e| e.key.clone())
+            .collect();
         for key in &gone {
             self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
             map.remove(key);
@@ -590,7 +593,10 @@ mod tests {
         }
         let mut extra = template.clone();
         extra.agent_id = "one-too-many".into();
-        assert_eq!(r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(), Applied::OverLimit(Limit::Publisher));
+        assert_eq!(
+            r.apply(signed(&flooder, &extra, 1), 0).await.unwrap(),
+            Applied::OverLimit(Limit::Publisher)
+        );
         // Updates of what it holds still apply, and other publishers are unaffected.
         let mut again = template.clone();
         again.agent_id = "flood-0".into();
@@ -607,7 +613,10 @@ mod tests {
         let r = registry(dir.path());
         let mut late = template.clone();
         late.agent_id = "after-restart".into();
-        assert_eq!(r.apply(signed(&flooder, &late, 1), 0).await.unwrap(), Applied::OverLimit(Limit::Publisher));
+        assert_eq!(
+            r.apply(signed(&flooder, &late, 1), 0).await.unwrap(),
+            Applied::OverLimit(Limit::Publisher)
+        );
         // An allow-list applied later forgets the publisher's stored records, and frees its count.
         assert_eq!(r.forget_publishers(|peer| *peer != p).await.unwrap(), MAX_AGENTS_PER_PUBLISHER);
         assert_eq!(r.snapshot().entries.len(), 1, "the honest publisher's card stays");

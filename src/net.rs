@@ -138,6 +138,9 @@ pub struct CounterState {
     pub messages_out: u64,
     pub accepted: u64,
     pub ignored: u64,
+    /// Gossip dropped unread because the verification queue (`INGEST_QUEUE`) was full: not
+    /// forwarded, and recovered by anti-entropy if it mattered.
+    pub dropped_overload: u64,
     /// Rejections by reason (`bad_signature`, `too_large`, `not_first_party`, …).
     pub rejected: BTreeMap<&'static str, u64>,
     pub signature_failures: u64,
@@ -836,7 +839,7 @@ impl EventLoop {
                     data: message.data,
                 };
                 if self.ingest.try_send(inbound).is_err() {
-                    self.counters.update(|c| c.ignored += 1);
+                    self.counters.update(|c| c.dropped_overload += 1);
                     self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
                         &message_id,
                         &propagation_source,

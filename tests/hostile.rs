@@ -1,0 +1,349 @@
+//! A hostile peer against a real daemon process: forged signatures, oversized and malformed messages,
+//! replayed cards, heartbeats for agents it does not own, and 10,000 agents from one key. The daemon
+//! keeps serving its own agent and queries, keeps its memory bounded, counts every rejection by reason
+//! and bans the peer.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentmesh::card::AgentCard;
+use agentmesh::net::{CARDS_TOPIC, HEARTBEATS_TOPIC};
+use agentmesh::registry::health::Reported;
+use agentmesh::wire::{
+    self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER, MAX_MESSAGE_BYTES,
+};
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
+use libp2p::identity::Keypair;
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
+const DEADLINE: Duration = Duration::from_secs(60);
+/// The honest daemon's resident memory after the attack stays under this.
+const RSS_BOUND_MB: u64 = 200;
+/// Discovery answers during the attack stay under this at p99 (the target on an idle machine is
+/// a few milliseconds; this bound leaves room for a loaded CI machine running other tests).
+const P99_BOUND: Duration = Duration::from_millis(250);
+
+struct Daemon {
+    child: Child,
+    http: String,
+    peer_id: PeerId,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(BIN)
+            .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
+            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--heartbeat-interval", "500ms"])
+            .args(["--degraded-after", "3s", "--inactive-after", "6s"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let started = loop {
+            let line = rx.recv_timeout(DEADLINE).expect("node started");
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["message"] == "node started" {
+                break v;
+            }
+        };
+        // Keep draining the log so the daemon never blocks on a full pipe.
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        Daemon {
+            child,
+            http: format!("http://{}", started["http_addr"].as_str().unwrap()),
+            peer_id: started["peer_id"].as_str().unwrap().parse().unwrap(),
+            _dir: dir,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        reqwest::get(format!("{}{path}", self.http)).await.unwrap().json().await.unwrap()
+    }
+
+    async fn status(&self) -> Value {
+        self.get("/api/v1/mesh/status").await
+    }
+
+    fn rss_mb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb / 1024
+    }
+
+    async fn wait_for(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let status = self.status().await;
+            if check(&status) {
+                return status;
+            }
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}: {status}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Gossipsub, plus ping: the daemon closes connections whose ping fails.
+#[derive(NetworkBehaviour)]
+struct Hostile {
+    gossipsub: gossipsub::Behaviour,
+    ping: ping::Behaviour,
+}
+
+fn hostile_swarm(key: Keypair) -> Swarm<Hostile> {
+    libp2p::SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_tcp(tcp::Config::default(), noise::Config::new, yamux::Config::default)
+        .unwrap()
+        .with_behaviour(|_| {
+            let config = gossipsub::ConfigBuilder::default()
+                .validation_mode(ValidationMode::None)
+                // Anonymous messages have no author or seqno: identify them by content.
+                .message_id_fn(|m| {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    m.data.hash(&mut h);
+                    gossipsub::MessageId::from(h.finish().to_be_bytes().to_vec())
+                })
+                .max_transmit_size(2 * MAX_MESSAGE_BYTES)
+                .connection_handler_queue_len(20_000)
+                .heartbeat_interval(Duration::from_millis(200))
+                .build()
+                .unwrap();
+            let gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Anonymous, config).unwrap();
+            Hostile { gossipsub, ping: ping::Behaviour::default() }
+        })
+        .unwrap()
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
+        .build()
+}
+
+fn card(id: &str) -> AgentCard {
+    AgentCard::from_json(
+        json!({"agent_id": id, "base_url": "http://127.0.0.1:9", "skills": [{"id": "s", "tags": ["t"]}]})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+fn sealed_card(key: &Keypair, id: &str, seq: u64) -> Vec<u8> {
+    let card = card(id);
+    let body = CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() };
+    wire::seal_card(key, &body)
+}
+
+/// Polls the swarm until `until` holds or the deadline passes; returns whether it held.
+async fn drive(swarm: &mut Swarm<Hostile>, mut until: impl FnMut(&SwarmEvent<HostileEvent>) -> bool) -> bool {
+    let deadline = tokio::time::sleep(DEADLINE);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            event = swarm.select_next_some() => {
+                if until(&event) { return true }
+            }
+            _ = &mut deadline => return false,
+        }
+    }
+}
+
+/// The hostile peer's side: publishes, then drives its swarm until the daemon has judged everything
+/// sent (accepted, ignored, rejected or dropped) or has closed the connection.
+struct Attack<'a> {
+    swarm: &'a mut Swarm<Hostile>,
+    daemon: &'a Daemon,
+    sent: u64,
+    closed: bool,
+}
+
+impl Attack<'_> {
+    fn publish(&mut self, topic: &IdentTopic, data: Vec<u8>) {
+        match self.swarm.behaviour_mut().gossipsub.publish(topic.clone(), data) {
+            Ok(_) => self.sent += 1,
+            Err(e) => panic!("the hostile peer could not publish: {e:?}"),
+        }
+    }
+
+    async fn send(&mut self, topic: &IdentTopic, data: Vec<u8>) {
+        self.publish(topic, data);
+        self.deliver().await;
+        assert!(!self.closed, "disconnected early: {}", self.daemon.status().await);
+    }
+
+    async fn deliver(&mut self) {
+        let target = self.daemon.peer_id;
+        let start = Instant::now();
+        let mut check = tokio::time::interval(Duration::from_millis(50));
+        while !self.closed {
+            tokio::select! {
+                event = self.swarm.select_next_some() => {
+                    if matches!(event, SwarmEvent::ConnectionClosed { peer_id, .. } if peer_id == target) {
+                        self.closed = true;
+                    }
+                }
+                _ = check.tick() => {
+                    let s = self.daemon.status().await;
+                    let count = |k: &str| s[k].as_u64().unwrap_or(0);
+                    let rejected: u64 = s["rejected"].as_object().map_or(0, |r| r.values().filter_map(Value::as_u64).sum());
+                    let taken = count("accepted") + count("ignored") + count("dropped_overload") + rejected;
+                    if taken >= self.sent {
+                        return;
+                    }
+                    assert!(start.elapsed() < DEADLINE, "the daemon took in {taken} of {} messages", self.sent);
+                }
+            }
+        }
+    }
+}
+
+/// Discovery latencies while `attack` runs.
+async fn query_while<F: std::future::Future<Output = ()>>(http: &str, attack: F) -> Vec<Duration> {
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    let url = format!("{http}/api/v1/discovery/capabilities?skill=s*&format=json");
+    let client = reqwest::Client::new();
+    let queries = tokio::spawn(async move {
+        let mut latencies = Vec::new();
+        while done_rx.try_recv().is_err() {
+            let start = Instant::now();
+            let response = client.get(&url).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.bytes().await.unwrap();
+            latencies.push(start.elapsed());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        latencies
+    });
+    attack.await;
+    let _ = done_tx.send(());
+    queries.await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serving() {
+    let daemon = Daemon::start();
+    let client = reqwest::Client::new();
+    let honest = json!({"agent_id": "honest", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
+    let r = client.post(format!("{}/api/v1/agents", daemon.http)).json(&honest).send().await.unwrap();
+    assert!(r.status().is_success());
+    let status = daemon.status().await;
+    let addr: Multiaddr = status["listen_addrs"][0].as_str().unwrap().parse().unwrap();
+    let rss_before = daemon.rss_mb();
+
+    let key = Keypair::generate_ed25519();
+    let mut swarm = hostile_swarm(key.clone());
+    let (cards, beats) = (IdentTopic::new(CARDS_TOPIC), IdentTopic::new(HEARTBEATS_TOPIC));
+    swarm.behaviour_mut().gossipsub.subscribe(&cards).unwrap();
+    swarm.behaviour_mut().gossipsub.subscribe(&beats).unwrap();
+    swarm.dial(addr.clone()).unwrap();
+    let target = daemon.peer_id;
+    assert!(
+        drive(&mut swarm, |e| matches!(
+            e,
+            SwarmEvent::Behaviour(HostileEvent::Gossipsub(gossipsub::Event::Subscribed { peer_id, .. }))
+                if *peer_id == target
+        ))
+        .await,
+        "the daemon's subscription reached the hostile peer"
+    );
+
+    let latencies = query_while(&daemon.http, async {
+        let mut attack = Attack { swarm: &mut swarm, daemon: &daemon, sent: 0, closed: false };
+        // One of each kind first (the ban comes after 20 rejections), each counted by reason.
+        let mut forged = sealed_card(&key, "forged", 1);
+        let last = forged.len() - 1;
+        forged[last] ^= 0xff;
+        attack.send(&cards, forged).await;
+        attack.send(&cards, vec![0xa5u8; MAX_MESSAGE_BYTES + 100]).await;
+        attack.send(&cards, b"garbage".to_vec()).await;
+        // A replayed (older) card, and a heartbeat naming the honest node's agent as offline.
+        attack.send(&cards, sealed_card(&key, "replayed", 5)).await;
+        attack.send(&cards, sealed_card(&key, "replayed", 4)).await;
+        let agents =
+            vec![HeartbeatAgent { agent_id: "honest".into(), seq: u64::MAX, reported: Reported::Offline }];
+        let hb = HeartbeatBody { sent_at: 1, digest: wire::agents_digest(&agents), agents: Some(agents) };
+        attack.send(&beats, wire::seal_heartbeat(&key, &hb)).await;
+        // Then 10,000 agents under one key, in batches at the pace the daemon takes them in.
+        for batch in 0..40u64 {
+            for i in 0..250 {
+                attack.publish(&cards, sealed_card(&key, &format!("flood-{}", batch * 250 + i), 1));
+            }
+            attack.deliver().await;
+            if attack.closed {
+                break;
+            }
+        }
+        assert!(attack.closed, "the daemon disconnected the hostile peer: {}", daemon.status().await);
+    })
+    .await;
+
+    let status = daemon
+        .wait_for("every rejection reason counted", |s| {
+            ["bad_signature", "too_large", "malformed", "publisher_over_limit"]
+                .iter()
+                .all(|r| s["rejected"][r].as_u64().unwrap_or(0) >= 1)
+        })
+        .await;
+    assert_eq!(status["peers_banned"], 1, "{status}");
+    assert_eq!(status["banned_peers"], 1, "{status}");
+    assert!(status["signature_failures"].as_u64().unwrap() >= 1);
+
+    // What got through is bounded: at most the per-publisher limit of the hostile key's agents.
+    let view = daemon.get("/api/v1/discovery/capabilities?limit=1").await;
+    let total = view["total_agents"].as_u64().unwrap();
+    assert!(total <= MAX_AGENTS_PER_PUBLISHER as u64 + 2, "{total} agents held");
+    // The honest agent was not touched by heartbeats signed with another key.
+    let honest = daemon.get("/api/v1/agents/honest").await;
+    assert_eq!(honest["health_status"], "active", "{honest}");
+
+    // Reconnecting is refused while banned.
+    swarm.dial(addr).unwrap();
+    assert!(
+        drive(
+            &mut swarm,
+            |e| matches!(e, SwarmEvent::ConnectionClosed { peer_id, .. } if *peer_id == target)
+        )
+        .await,
+        "a banned peer's new connection is closed"
+    );
+    assert_eq!(daemon.status().await["connected_peers"], 0);
+
+    let rss_after = daemon.rss_mb();
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    let p99 = sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)];
+    eprintln!(
+        "hostile peer: {} queries during the attack, p99 {:?}; RSS {rss_before} -> {rss_after} MB; {total} agents held; {status}",
+        sorted.len(),
+        p99
+    );
+    assert!(rss_after < RSS_BOUND_MB, "RSS {rss_after} MB");
+    assert!(p99 < P99_BOUND, "p99 {p99:?} during the attack");
+}

@@ -4,13 +4,16 @@
 # since RUSTC_BOOTSTRAP lets it pass the sanitizer flags. Exits non-zero on the first finding
 # (the crashing input is left in fuzz/artifacts/<target>/).
 #
-#   fuzz/run.sh 600            # the 10-minute campaign per target
-#   fuzz/run.sh 20             # the short pass .ci/run makes
+#   fuzz/run.sh 600                 # the 10-minute campaign per target
+#   fuzz/run.sh 20                  # the short pass .ci/run makes
+#   fuzz/run.sh 600 query_parse     # one target
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
+shift || true
 export RUSTC_BOOTSTRAP=1
-targets=(wire_open card_validate query_parse xml_render)
+targets=("$@")
+[ "${#targets[@]}" -gt 0 ] || targets=(wire_open card_validate query_parse xml_render)
 cargo fuzz build
 for t in "${targets[@]}"; do
     # A scratch copy of the corpus: what a run discovers does not pile up in the committed seeds.

@@ -336,6 +336,19 @@ mod tests {
         AgentCard::from_json(json.as_bytes())
     }
 
+    /// Every node re-parses a card it hears and refuses it unless the stored form comes out the same, so
+    /// the stored form must be a fixed point, numbers too (found by fuzzing: an 85-digit integer
+    /// parsed inexactly came out one ULP off on the second parse).
+    #[test]
+    fn the_stored_form_is_a_fixed_point_even_for_huge_numbers() {
+        let huge = "2".repeat(85);
+        let json = format!(
+            r#"{{"agent_id":"a","base_url":"http://h","skills":[{{"id":"s","examples":[{{"n":{huge}0}},{{"x":0.1e-320}},{{"y":1.7976931348623157e308}}]}}]}}"#
+        );
+        let stored = card(&json).unwrap().to_json();
+        assert_eq!(AgentCard::from_json(&stored).unwrap().to_json(), stored);
+    }
+
     #[test]
     fn minimal_card_gets_defaults() {
         let c = card(r#"{"agent_id":"a1","base_url":"http://127.0.0.1:9000"}"#).unwrap();

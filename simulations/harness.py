@@ -326,15 +326,25 @@ def false_inactive(mesh, grace):
 def step_churn(mesh, spec, out):
     duration, interval = spec.get("duration_s", 120), spec.get("interval_s", 10)
     grace = spec.get("grace_s", 15)
+    memory_every = spec.get("memory_every_s", 60)
     stopped, events, alarms, checks = [], [], [], 0
+    churned, memory = set(), []
     t0 = time.monotonic()
-    next_change = t0 + interval
+    next_change, next_memory = t0 + interval, t0
     while time.monotonic() - t0 < duration:
+        if time.monotonic() >= next_memory:
+            # Memory of the nodes never restarted so far: a leak shows as growth over the run.
+            rss = [r for r in (n.rss_mb() for n in mesh.live() if n.name not in churned) if r]
+            if rss:
+                memory.append({"t_s": round(time.monotonic() - t0), "nodes": len(rss),
+                               "mean_mb": round(statistics.mean(rss), 1), "max_mb": round(max(rss), 1)})
+            next_memory += memory_every
         if time.monotonic() >= next_change:
             if stopped and (random.random() < 0.5 or len(stopped) > 2):
                 n = stopped.pop(random.randrange(len(stopped)))
                 subprocess.run(["docker", "start", n.name], check=True, capture_output=True)
                 n.refresh()
+                reapply_link_faults(mesh, n)
                 n.started = time.monotonic()
                 events.append((round(n.started - t0, 1), "join", n.name))
             else:
@@ -344,15 +354,18 @@ def step_churn(mesh, spec, out):
                 subprocess.run(cmd, check=True, capture_output=True)
                 n.refresh()
                 stopped.append(n)
+                churned.add(n.name)
                 events.append((round(time.monotonic() - t0, 1), how, n.name))
             next_change += interval
         alarms += false_inactive(mesh, grace)
         checks += 1
         time.sleep(1)
-    out.update({"duration_s": duration, "events": events, "checks": checks, "false_inactive": alarms})
+    out.update({"duration_s": duration, "events": events, "checks": checks, "false_inactive": alarms,
+                "memory": memory})
     for n in stopped:
         subprocess.run(["docker", "start", n.name], check=True, capture_output=True)
         n.refresh()
+        reapply_link_faults(mesh, n)
         n.started = time.monotonic()
     out["reconverge_s"] = mesh.wait_converged()
     if alarms:
@@ -397,6 +410,14 @@ def netem_available(node):
     return probe.returncode == 0
 
 
+def reapply_link_faults(mesh, n):
+    """A restarted container has a new network namespace: the link faults of a running netem step
+    are applied to it again."""
+    rule = getattr(mesh, "link_faults", None)
+    if rule and n.running:
+        in_netns(n, rule)
+
+
 def step_netem(mesh, spec, out):
     """Delay and loss on every container's link, applied from the host in the containers' network
     namespaces. Where the kernel lacks sch_netem, loss alone is applied with iptables' statistic match
@@ -416,12 +437,14 @@ def step_netem(mesh, spec, out):
         apply, undo = ["iptables", "-A"] + rule, ["iptables", "-D"] + rule
     for n in nodes:
         in_netns(n, apply)
+    mesh.link_faults = apply
     out.update({"method": method, "delay_ms": delay, "jitter_ms": jitter, "loss_pct": loss, "steps": []})
     try:
         for sub in spec.get("steps", [{"do": "convergence"}]):
             out["steps"].append(run_step(mesh, sub))
     finally:
-        for n in nodes:
+        mesh.link_faults = None
+        for n in mesh.nodes:
             n.refresh()
             if n.running:
                 in_netns(n, undo, check=False)
@@ -452,8 +475,12 @@ def summary(o):
     if d == "leave":
         return f"removed everywhere after {o['gone_s']['max']:.2f} s (p50 {o['gone_s']['p50']:.2f} s)"
     if d == "churn":
+        mem = o.get("memory") or []
+        trend = (f"; RSS of never-restarted nodes {mem[0]['mean_mb']:.1f} -> {mem[-1]['mean_mb']:.1f} MB mean "
+                 f"({mem[0]['nodes']} -> {mem[-1]['nodes']} nodes, max {max(m['max_mb'] for m in mem):.1f} MB)"
+                 if len(mem) > 1 else "")
         return (f"{len(o['events'])} joins/leaves in {o['duration_s']} s, {o['checks']} checks, "
-                f"{len(o['false_inactive'])} false inactive, reconverged in {o['reconverge_s']:.1f} s")
+                f"{len(o['false_inactive'])} false inactive, reconverged in {o['reconverge_s']:.1f} s{trend}")
     if d == "partition":
         return f"{len(o['isolated'])} nodes cut for {o['partition_s']} s, reconverged {o['reconverge_s']:.1f} s after reconnect"
     if d == "netem":

@@ -9,6 +9,7 @@ pub mod body;
 pub mod discovery;
 pub mod error;
 pub mod render;
+pub mod server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

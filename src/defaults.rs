@@ -69,6 +69,15 @@ pub const CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// A request that has not completed by then is answered 408.
 pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Request headers must arrive within this, counted from when the connection waits for a request:
+/// slow clients, and idle keep-alive connections, are closed after it.
+pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open HTTP connections at most; beyond it new connections are closed at once.
+pub const MAX_HTTP_CONNECTIONS: usize = 16_384;
+/// Request line plus headers, at most (431 beyond it; also hyper's read buffer per connection).
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Request target (path and query string), at most (414 beyond it).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
 /// sled page cache. Queries never read sled, so a small cache is enough.
 pub const SLED_CACHE_BYTES: u64 = 1024 * 1024;
 /// Name of the key file inside the data directory.

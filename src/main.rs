@@ -50,6 +50,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => {
             let config = args.resolve()?;
             init_tracing(config.log_format);
+            agentmesh::api::server::raise_fd_limit();
             tracing::debug!(?config, "configuration");
             let mut node = Node::start(config).await.context("node failed to start")?;
             tokio::select! {

@@ -138,10 +138,7 @@ impl Node {
         }
         let stop = cancel.clone();
         let http = tokio::spawn(async move {
-            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-                .map_err(NodeError::Serve)
+            api::server::serve(listener, app, stop, SHUTDOWN_GRACE).await.map_err(NodeError::Serve)
         });
         tracing::info!(%http_addr, %peer_id, "node started");
         Ok(Self { peer_id, http_addr, registry, cancel, http, net, mesh })

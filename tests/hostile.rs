@@ -3,8 +3,6 @@
 //! keeps serving its own agent and queries, keeps its memory bounded, counts every rejection by reason
 //! and bans the peer.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agentmesh::card::AgentCard;
@@ -17,99 +15,18 @@ use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::identity::Keypair;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm};
+use libp2p::{noise, ping, tcp, yamux, Multiaddr, Swarm};
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
-const DEADLINE: Duration = Duration::from_secs(60);
+mod common;
+
+use common::daemon::{Daemon, DEADLINE};
+
 /// The honest daemon's resident memory after the attack stays under this.
 const RSS_BOUND_MB: u64 = 200;
 /// Discovery answers during the attack stay under this at p99 (the target on an idle machine is
 /// a few milliseconds; this bound leaves room for a loaded CI machine running other tests).
 const P99_BOUND: Duration = Duration::from_millis(250);
-
-struct Daemon {
-    child: Child,
-    http: String,
-    peer_id: PeerId,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
-            .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
-            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--heartbeat-interval", "500ms"])
-            .args(["--degraded-after", "3s", "--inactive-after", "6s"])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .env_remove("RUST_LOG")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let started = loop {
-            let line = rx.recv_timeout(DEADLINE).expect("node started");
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if v["message"] == "node started" {
-                break v;
-            }
-        };
-        // Keep draining the log so the daemon never blocks on a full pipe.
-        std::thread::spawn(move || while rx.recv().is_ok() {});
-        Daemon {
-            child,
-            http: format!("http://{}", started["http_addr"].as_str().unwrap()),
-            peer_id: started["peer_id"].as_str().unwrap().parse().unwrap(),
-            _dir: dir,
-        }
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        reqwest::get(format!("{}{path}", self.http)).await.unwrap().json().await.unwrap()
-    }
-
-    async fn status(&self) -> Value {
-        self.get("/api/v1/mesh/status").await
-    }
-
-    fn rss_mb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kb / 1024
-    }
-
-    async fn wait_for(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let start = Instant::now();
-        loop {
-            let status = self.status().await;
-            if check(&status) {
-                return status;
-            }
-            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}: {status}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
 
 /// Gossipsub, plus ping: the daemon closes connections whose ping fails.
 #[derive(NetworkBehaviour)]
@@ -248,7 +165,8 @@ async fn query_while<F: std::future::Future<Output = ()>>(http: &str, attack: F)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serving() {
-    let daemon = Daemon::start();
+    let daemon =
+        Daemon::start(&["--heartbeat-interval", "500ms", "--degraded-after", "3s", "--inactive-after", "6s"]);
     let client = reqwest::Client::new();
     let honest = json!({"agent_id": "honest", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
     let r = client.post(format!("{}/api/v1/agents", daemon.http)).json(&honest).send().await.unwrap();

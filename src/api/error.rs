@@ -17,6 +17,8 @@ pub enum ApiError {
     InvalidBody { message: String, field: Option<String> },
     #[error("request body is over the {limit} byte limit")]
     PayloadTooLarge { limit: usize },
+    #[error("request target is over the {limit} byte limit")]
+    UriTooLong { limit: usize },
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0}")]
@@ -79,6 +81,10 @@ impl IntoResponse for ApiError {
             ApiError::PayloadTooLarge { limit } => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 json!({"error": "payload_too_large", "message": message, "details": {"limit_bytes": limit}}),
+            ),
+            ApiError::UriTooLong { limit } => (
+                StatusCode::URI_TOO_LONG,
+                json!({"error": "uri_too_long", "message": message, "details": {"limit_bytes": limit}}),
             ),
             ApiError::NotFound(_) => {
                 (StatusCode::NOT_FOUND, json!({"error": "not_found", "message": message}))

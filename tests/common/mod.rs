@@ -1,6 +1,8 @@
 //! Helpers for integration tests: real nodes on 127.0.0.1:0 with their own data directories.
 #![allow(dead_code)]
 
+pub mod daemon;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

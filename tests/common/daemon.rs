@@ -1,0 +1,95 @@
+//! The real binary as a child process, for tests that measure it from outside (memory, sockets).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libp2p::PeerId;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+pub struct Daemon {
+    pub child: Child,
+    pub http: String,
+    pub peer_id: PeerId,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Starts the binary on ephemeral ports with mDNS off, plus `args`.
+    pub fn start(args: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(BIN)
+            .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
+            .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
+            .args(args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let started = loop {
+            let line = rx.recv_timeout(DEADLINE).expect("node started");
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["message"] == "node started" {
+                break v;
+            }
+        };
+        // Keep draining the log so the daemon never blocks on a full pipe.
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        Daemon {
+            child,
+            http: format!("http://{}", started["http_addr"].as_str().unwrap()),
+            peer_id: started["peer_id"].as_str().unwrap().parse().unwrap(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        reqwest::get(format!("{}{path}", self.http)).await.unwrap().json().await.unwrap()
+    }
+
+    pub async fn status(&self) -> Value {
+        self.get("/api/v1/mesh/status").await
+    }
+
+    pub fn rss_mb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb / 1024
+    }
+
+    pub async fn wait_for(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let status = self.status().await;
+            if check(&status) {
+                return status;
+            }
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}: {status}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -14,7 +14,9 @@ pub struct Daemon {
     pub child: Child,
     pub http: String,
     pub peer_id: PeerId,
-    _dir: tempfile::TempDir,
+    /// The "store opened" log event: what the store held at start.
+    pub store_opened: Value,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Daemon {
@@ -25,15 +27,22 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
-    /// Starts the binary on ephemeral ports with mDNS off, plus `args`.
+    /// Starts the binary on ephemeral ports with mDNS off, plus `args`, in a fresh data directory.
     pub fn start(args: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
+        let mut daemon = Daemon::start_in(dir.path(), args).unwrap_or_else(|e| panic!("{e}"));
+        daemon._dir = Some(dir);
+        daemon
+    }
+
+    /// Starts the binary on `data_dir`; the error is what it printed when it did not start.
+    pub fn start_in(data_dir: &std::path::Path, args: &[&str]) -> Result<Daemon, String> {
         let mut child = Command::new(BIN)
             .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
             .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
             .args(args)
             .arg("--data-dir")
-            .arg(dir.path())
+            .arg(data_dir)
             .env_remove("RUST_LOG")
             .stderr(Stdio::piped())
             .spawn()
@@ -45,21 +54,32 @@ impl Daemon {
                 let _ = tx.send(line);
             }
         });
+        let mut store_opened = Value::Null;
+        let mut printed = Vec::new();
         let started = loop {
-            let line = rx.recv_timeout(DEADLINE).expect("node started");
+            let Ok(line) = rx.recv_timeout(DEADLINE) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not start: {}", printed.join("\n")));
+            };
             let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["message"] == "store opened" {
+                store_opened = v.clone();
+            }
             if v["message"] == "node started" {
                 break v;
             }
+            printed.push(line);
         };
         // Keep draining the log so the daemon never blocks on a full pipe.
         std::thread::spawn(move || while rx.recv().is_ok() {});
-        Daemon {
+        Ok(Daemon {
             child,
             http: format!("http://{}", started["http_addr"].as_str().unwrap()),
             peer_id: started["peer_id"].as_str().unwrap().parse().unwrap(),
-            _dir: dir,
-        }
+            store_opened,
+            _dir: None,
+        })
     }
 
     pub async fn get(&self, path: &str) -> Value {

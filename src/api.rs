@@ -94,8 +94,12 @@ pub fn router(state: AppState) -> Router {
 
 async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
     let snapshot = app.registry.snapshot();
+    let store_error = app.registry.store_error();
     Json(json!({
-        "status": "healthy",
+        // Reads go on when the store refuses writes (a full disk): degraded, not down.
+        "status": if store_error.is_none() { "healthy" } else { "degraded" },
+        "store_writable": store_error.is_none(),
+        "store_error": store_error,
         "peer_id": app.registry.local_peer_id().to_base58(),
         "version": env!("CARGO_PKG_VERSION"),
         "agents": snapshot.entries.len(),

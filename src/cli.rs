@@ -101,6 +101,9 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub allowed_publishers: Vec<String>,
+    /// Start even if the store lost local agents it had acknowledged (see SECURITY.md).
+    #[arg(long, env = "AGENTMESH_ACCEPT_STORE_LOSS")]
+    pub accept_store_loss: bool,
 }
 
 impl RunArgs {
@@ -155,6 +158,9 @@ impl RunArgs {
         }
         if !self.allowed_publishers.is_empty() {
             c.allowed_publishers = self.allowed_publishers.clone();
+        }
+        if self.accept_store_loss {
+            c.accept_store_loss = true;
         }
         c.validate()?;
         Ok(c)

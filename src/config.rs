@@ -78,6 +78,9 @@ pub struct Config {
     /// PeerIds whose agents this node accepts from the mesh (its own always). Default empty: anyone
     /// whose signature verifies.
     pub allowed_publishers: Vec<String>,
+    /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),
+    /// continuing with what it holds. Default off: such a store is an error at start.
+    pub accept_store_loss: bool,
 }
 
 impl Default for Config {
@@ -99,6 +102,7 @@ impl Default for Config {
             api_key: None,
             network_key: None,
             allowed_publishers: Vec::new(),
+            accept_store_loss: false,
         }
     }
 }
@@ -122,6 +126,7 @@ impl fmt::Debug for Config {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("network_key", &self.network_key)
             .field("allowed_publishers", &self.allowed_publishers)
+            .field("accept_store_loss", &self.accept_store_loss)
             .finish()
     }
 }

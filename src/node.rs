@@ -72,10 +72,12 @@ impl Node {
         let store_dir = config.data_dir.join(STORE_DIR);
         let thresholds = config.thresholds();
         let signer = identity.keypair().clone();
-        let (registry, report) =
-            tokio::task::spawn_blocking(move || Registry::open(&store_dir, signer, thresholds))
-                .await
-                .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
+        let accept_loss = config.accept_store_loss;
+        let (registry, report) = tokio::task::spawn_blocking(move || {
+            Registry::open_checked(&store_dir, signer, thresholds, accept_loss)
+        })
+        .await
+        .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
         let registry = Arc::new(registry);
         let allowed_publishers: Option<Arc<HashSet<PeerId>>> = (!config.allowed_publishers.is_empty())

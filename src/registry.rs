@@ -7,6 +7,7 @@
 //! Heartbeat times live beside the snapshot in atomics shared by every snapshot generation: a
 //! heartbeat is one atomic store, not a snapshot rebuild.
 
+pub mod guard;
 pub mod health;
 pub mod remote;
 pub mod store;
@@ -45,6 +46,8 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     #[error("no local agent with id `{0}`")]
     NotFound(String),
+    #[error(transparent)]
+    Guard(#[from] guard::GuardError),
 }
 
 /// Who keeps a local agent's health fresh.
@@ -292,6 +295,11 @@ pub struct Registry {
     names: PublisherNames,
     changes: broadcast::Sender<LocalChange>,
     remote: remote::RemoteState,
+    /// The witness of the local records, written before each durable local change.
+    guard: std::sync::Mutex<guard::Guard>,
+    /// The last store write error: sled refuses every write after one (a full disk, say) until the
+    /// process restarts, so the node reports itself degraded from then on.
+    store_error: std::sync::Mutex<Option<String>>,
 }
 
 /// PeerId text per publisher, computed once and shared by all of its entries.
@@ -321,6 +329,17 @@ impl Registry {
         signer: Keypair,
         thresholds: Thresholds,
     ) -> Result<(Self, OpenReport), RegistryError> {
+        Self::open_checked(dir, signer, thresholds, false)
+    }
+
+    /// Opens the store and checks its local records against their witness ([`guard`]): a store that
+    /// lost any is an error, unless `accept_loss` (then the witness is rebased on what is there).
+    pub fn open_checked(
+        dir: &Path,
+        signer: Keypair,
+        thresholds: Thresholds,
+        accept_loss: bool,
+    ) -> Result<(Self, OpenReport), RegistryError> {
         let me = signer.public().to_peer_id();
         let store = Store::reopen(dir)?;
         let mut report = OpenReport::default();
@@ -348,9 +367,15 @@ impl Registry {
         let store = Store::reopen(dir)?;
         let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
         let remote = remote::RemoteState::default();
-        for entry in map.values().filter(|e| !e.is_local()) {
-            remote.count_loaded(entry.key.publisher);
+        let mut local = guard::Sum::default();
+        for entry in map.values() {
+            if entry.is_local() {
+                local.add(&entry.key.agent_id, entry.seq);
+            } else {
+                remote.count_loaded(entry.key.publisher);
+            }
         }
+        let guard = std::sync::Mutex::new(guard::Guard::open(dir, local, accept_loss)?);
         let registry = Self {
             me,
             signer,
@@ -362,6 +387,8 @@ impl Registry {
             names,
             changes: broadcast::channel(CHANGE_CHANNEL).0,
             remote,
+            guard,
+            store_error: std::sync::Mutex::new(None),
         };
         Ok((registry, report))
     }
@@ -509,11 +536,22 @@ impl Registry {
                     card.json().to_owned(),
                     &sig,
                 );
+                let witnessed = (origin != Origin::Remote).then(|| guard::Change {
+                    agent_id: key.agent_id.clone(),
+                    before: held.map(|e| e.seq),
+                    after: Some(seq),
+                });
+                if let Some(change) = &witnessed {
+                    self.witness(std::slice::from_ref(change))?;
+                }
                 if let Err(e) = self.store.put(&row, origin != Origin::Remote).await {
                     if created && origin == Origin::Remote {
                         self.remote.release(publisher);
                     }
-                    return Err(e.into());
+                    if let Some(change) = witnessed {
+                        self.lock_guard().undo(&[change]);
+                    }
+                    return Err(self.write_failed(e).into());
                 }
                 let publisher_name = self.publisher_name(publisher);
                 let sig = sig.into_boxed_slice();
@@ -532,7 +570,23 @@ impl Registry {
                 if held.is_none() || !accepts(held, seq) {
                     return Ok(Applied::Stale { held });
                 }
-                self.store.remove(&key.agent_id, &publisher.to_bytes(), publisher == self.me).await?;
+                let local = map.get(&key).is_some_and(|e| e.is_local());
+                let witnessed = local.then(|| guard::Change {
+                    agent_id: key.agent_id.clone(),
+                    before: held,
+                    after: None,
+                });
+                if let Some(change) = &witnessed {
+                    self.witness(std::slice::from_ref(change))?;
+                }
+                if let Err(e) =
+                    self.store.remove(&key.agent_id, &publisher.to_bytes(), publisher == self.me).await
+                {
+                    if let Some(change) = witnessed {
+                        self.lock_guard().undo(&[change]);
+                    }
+                    return Err(self.write_failed(e).into());
+                }
                 if let Some(e) = map.remove(&key) {
                     if e.origin == Origin::Remote {
                         self.remote.release(publisher);
@@ -543,6 +597,26 @@ impl Registry {
             }
         };
         Ok(applied)
+    }
+
+    /// Why the store refused a write, if it ever did since start (writes stay refused until restart).
+    pub fn store_error(&self) -> Option<String> {
+        self.store_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes a failed write for [`Registry::store_error`] and passes the error on.
+    fn write_failed<E: std::fmt::Display>(&self, error: E) -> E {
+        *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+        error
+    }
+
+    fn lock_guard(&self) -> std::sync::MutexGuard<'_, guard::Guard> {
+        self.guard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the witness of local changes about to be stored (under the writer lock).
+    fn witness(&self, changes: &[guard::Change]) -> Result<(), RegistryError> {
+        Ok(self.lock_guard().before_all(changes).map_err(|e| self.write_failed(e))?)
     }
 
     fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
@@ -602,7 +676,19 @@ impl Registry {
             let sig = sig.into_boxed_slice();
             entries.push(Entry { key, seq, card, publisher_name, sig, origin, updated_at: now, live });
         }
-        self.store.put_many(&rows).await?;
+        let changes: Vec<guard::Change> = entries
+            .iter()
+            .map(|e| guard::Change {
+                agent_id: e.key.agent_id.clone(),
+                before: map.get(&e.key).map(|held| held.seq),
+                after: Some(e.seq),
+            })
+            .collect();
+        self.witness(&changes)?;
+        if let Err(e) = self.store.put_many(&rows).await {
+            self.lock_guard().undo(&changes);
+            return Err(self.write_failed(e).into());
+        }
         let count = entries.len();
         for entry in entries {
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });

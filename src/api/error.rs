@@ -29,6 +29,9 @@ pub enum ApiError {
     NotImplemented,
     #[error("internal error")]
     Internal { request_id: String },
+    /// The data directory cannot be written (full disk, read-only): nothing was registered.
+    #[error("the node cannot store this change: {0}")]
+    Storage(String),
 }
 
 impl ApiError {
@@ -57,7 +60,14 @@ impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::NotFound(id) => Self::NotFound(format!("agent `{id}`")),
-            RegistryError::Store(e) => Self::internal(&e),
+            RegistryError::Store(e) => {
+                tracing::error!(error = %e, "store write failed");
+                Self::Storage(e.to_string())
+            }
+            RegistryError::Guard(e) => {
+                tracing::error!(error = %e, "store witness write failed");
+                Self::Storage(e.to_string())
+            }
         }
     }
 }
@@ -98,6 +108,10 @@ impl IntoResponse for ApiError {
             ApiError::NotImplemented => {
                 (StatusCode::NOT_IMPLEMENTED, json!({"error": "not_implemented", "message": message}))
             }
+            ApiError::Storage(_) => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                json!({"error": "storage_unavailable", "message": message}),
+            ),
             ApiError::Internal { request_id } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": "internal_error", "message": message, "request_id": request_id}),

@@ -235,14 +235,15 @@ impl Query {
     pub fn cache_key(&self) -> String {
         let ids: Vec<&str> = self.ids.iter().map(String::as_str).collect();
         let tags: Vec<&str> = self.tags.iter().map(|p| p.source.as_str()).collect();
-        let pattern = |p: &Option<Pattern>| p.as_ref().map_or("", |p| p.source.as_str()).to_owned();
+        let pattern = |p: &Option<Pattern>| p.as_ref().map(|p| p.source.clone());
+        // Strings in their escaped, quoted form: a separator inside one cannot make two queries alike.
         format!(
-            "{:?}|{}|{}|{}|{}|{}{}{}{}|{:?}|{}|{}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{}{}{}{}|{:?}|{}|{}",
             self.format,
-            ids.join(","),
+            ids,
             pattern(&self.reasoner),
             pattern(&self.skill),
-            tags.join(","),
+            tags,
             u8::from(self.include_input_schema),
             u8::from(self.include_output_schema),
             u8::from(self.include_descriptions),

@@ -221,4 +221,7 @@ fn cache_key_is_canonical() {
     assert_ne!(key("reasoner=a*"), key("skill=a*"));
     assert_ne!(key("limit=10"), key("offset=10"));
     assert_ne!(key("tags=a,b"), key("tags=a%2Cb&reasoner=b"));
+    // A separator inside a value must not move it into the next field.
+    assert_ne!(key("agent_ids=a&reasoner=b%7C"), key("agent_ids=a%7Cb"));
+    assert_ne!(key("skill=x%7C&tags=y"), key("skill=x&tags=%7Cy"));
 }

@@ -327,6 +327,11 @@ def step_churn(mesh, spec, out):
     duration, interval = spec.get("duration_s", 120), spec.get("interval_s", 10)
     grace = spec.get("grace_s", 15)
     memory_every = spec.get("memory_every_s", 60)
+    # Only this many nodes (besides the bootstrap) are stopped and restarted; the others stay up and
+    # witness the memory of a long-running node.
+    pool_size = spec.get("churn_pool")
+    candidates = [n for n in mesh.nodes if not n.bootstrap]
+    pool = {n.name for n in (candidates[:pool_size] if pool_size else candidates)}
     stopped, events, alarms, checks = [], [], [], 0
     churned, memory = set(), []
     t0 = time.monotonic()
@@ -334,10 +339,12 @@ def step_churn(mesh, spec, out):
     while time.monotonic() - t0 < duration:
         if time.monotonic() >= next_memory:
             # Memory of the nodes never restarted so far: a leak shows as growth over the run.
-            rss = [r for r in (n.rss_mb() for n in mesh.live() if n.name not in churned) if r]
+            rss = {n.name: n.rss_mb() for n in mesh.live() if n.name not in churned}
+            rss = {name: round(mb, 2) for name, mb in rss.items() if mb}
             if rss:
                 memory.append({"t_s": round(time.monotonic() - t0), "nodes": len(rss),
-                               "mean_mb": round(statistics.mean(rss), 1), "max_mb": round(max(rss), 1)})
+                               "mean_mb": round(statistics.mean(rss.values()), 1),
+                               "max_mb": round(max(rss.values()), 1), "rss_mb": rss})
             next_memory += memory_every
         if time.monotonic() >= next_change:
             if stopped and (random.random() < 0.5 or len(stopped) > 2):
@@ -348,7 +355,7 @@ def step_churn(mesh, spec, out):
                 n.started = time.monotonic()
                 events.append((round(n.started - t0, 1), "join", n.name))
             else:
-                n = mesh.victim()
+                n = random.choice([m for m in mesh.live() if m.name in pool])
                 how = random.choice(["stop", "kill"])
                 cmd = ["docker", "stop", "-t", "10", n.name] if how == "stop" else ["docker", "kill", n.name]
                 subprocess.run(cmd, check=True, capture_output=True)
@@ -362,6 +369,14 @@ def step_churn(mesh, spec, out):
         time.sleep(1)
     out.update({"duration_s": duration, "events": events, "checks": checks, "false_inactive": alarms,
                 "memory": memory})
+    if len(memory) > 1:
+        # Growth of each node that ran the whole step, from its first sample to its last.
+        first, last = memory[0]["rss_mb"], memory[-1]["rss_mb"]
+        growth = {name: round(last[name] - first[name], 2) for name in last if name in first}
+        if growth:
+            out["memory_growth_mb"] = {"nodes": len(growth), "mean": round(statistics.mean(growth.values()), 2),
+                                       "max": max(growth.values()), "first_mean": round(statistics.mean(first[n] for n in growth), 1),
+                                       "last_mean": round(statistics.mean(last[n] for n in growth), 1)}
     for n in stopped:
         subprocess.run(["docker", "start", n.name], check=True, capture_output=True)
         n.refresh()
@@ -475,10 +490,9 @@ def summary(o):
     if d == "leave":
         return f"removed everywhere after {o['gone_s']['max']:.2f} s (p50 {o['gone_s']['p50']:.2f} s)"
     if d == "churn":
-        mem = o.get("memory") or []
-        trend = (f"; RSS of never-restarted nodes {mem[0]['mean_mb']:.1f} -> {mem[-1]['mean_mb']:.1f} MB mean "
-                 f"({mem[0]['nodes']} -> {mem[-1]['nodes']} nodes, max {max(m['max_mb'] for m in mem):.1f} MB)"
-                 if len(mem) > 1 else "")
+        g = o.get("memory_growth_mb")
+        trend = (f"; RSS of the {g['nodes']} nodes up throughout {g['first_mean']:.1f} -> {g['last_mean']:.1f} MB mean "
+                 f"(growth mean {g['mean']:+.2f}, max {g['max']:+.2f} MB)" if g else "")
         return (f"{len(o['events'])} joins/leaves in {o['duration_s']} s, {o['checks']} checks, "
                 f"{len(o['false_inactive'])} false inactive, reconverged in {o['reconverge_s']:.1f} s{trend}")
     if d == "partition":

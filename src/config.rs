@@ -206,6 +206,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_example_config_file_is_valid() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+                c.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 4, "{checked} files");
+    }
+
+    #[test]
     fn defaults_are_valid_and_loopback() {
         let c = Config::default();
         c.validate().unwrap();

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::Counters;
 use crate::api::now_millis;
+use crate::registry::remote::Limit;
 use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
 
@@ -75,6 +76,8 @@ enum Fate {
     Unchanged,
     /// Refused for this reason (counted): penalise whoever sent it.
     Refused(&'static str),
+    /// Not taken for this reason (counted), through no fault of the sender: drop it quietly.
+    NotTaken(&'static str),
 }
 
 pub async fn run(
@@ -193,7 +196,12 @@ fn card_applied(
         }
         Applied::OverLimit(limit) => {
             tracing::debug!(%agent_id, %publisher, reason = limit.reason(), "card refused: over a limit");
-            Fate::Refused(limit.reason())
+            match limit {
+                // Every node has the same per-publisher limit: whoever sends more is at fault.
+                Limit::Publisher => Fate::Refused(limit.reason()),
+                // A full view is this node's state, not the sender's doing.
+                Limit::View => Fate::NotTaken(limit.reason()),
+            }
         }
         _ => Fate::Unchanged,
     })
@@ -219,6 +227,10 @@ fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryE
             MessageAcceptance::Ignore
         }
         Ok(Fate::Refused(reason)) => reject(counters, reason),
+        Ok(Fate::NotTaken(reason)) => {
+            counters.update(|c| *c.rejected.entry(reason).or_default() += 1);
+            MessageAcceptance::Ignore
+        }
         Err(error) => {
             tracing::warn!(%publisher, %error, "could not store a verified message");
             counters.update(|c| c.ignored += 1);
@@ -419,6 +431,19 @@ mod tests {
         assert_eq!(h.rejected("publisher_not_allowed"), 2);
         assert_eq!(h.gossip(&card_msg(&listed, "a", 1), &outsider).await, MessageAcceptance::Accept);
         assert_eq!(h.view(), vec![("a".to_owned(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_full_view_is_counted_but_does_not_blame_the_sender() {
+        let h = Harness::new();
+        h.registry.limit_remote_records(2);
+        let relay = Keypair::generate_ed25519();
+        for (i, publisher) in (0..3).map(|_| Keypair::generate_ed25519()).enumerate() {
+            let expected = if i < 2 { MessageAcceptance::Accept } else { MessageAcceptance::Ignore };
+            assert_eq!(h.gossip(&card_msg(&publisher, &format!("a{i}"), 1), &relay).await, expected);
+        }
+        assert_eq!(h.rejected("view_full"), 1);
+        assert_eq!(h.view().len(), 2);
     }
 
     #[tokio::test]

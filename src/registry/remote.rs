@@ -21,7 +21,8 @@ pub const MAX_REMOTE_RECORDS: usize = 50_000;
 pub enum Limit {
     /// The publisher already has `MAX_AGENTS_PER_PUBLISHER` records here.
     Publisher,
-    /// The view already holds `MAX_REMOTE_RECORDS` remote records.
+    /// The view already holds `MAX_REMOTE_RECORDS` remote records (counted, but the sender is not
+    /// penalised: a full view is this node's state, not the sender's doing).
     View,
 }
 
@@ -66,6 +67,9 @@ pub(super) struct RemoteState {
     tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
     /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`, and in all.
     counts: Mutex<Counts>,
+    /// A lower bound than `MAX_REMOTE_RECORDS` for tests (0: none).
+    #[cfg(test)]
+    max_records: std::sync::atomic::AtomicUsize,
     /// Publishers that announced their leave, with its seq: their records' tombstones hold until a
     /// heartbeat sent after the leave shows the publisher back.
     /// Forgotten with the tombstones, after `evict_after`.
@@ -112,7 +116,7 @@ impl RemoteState {
         if *count >= MAX_AGENTS_PER_PUBLISHER {
             return Err(Limit::Publisher);
         }
-        if *total >= MAX_REMOTE_RECORDS {
+        if *total >= self.max_records() {
             if *count == 0 {
                 per_publisher.remove(&publisher);
             }
@@ -121,6 +125,15 @@ impl RemoteState {
         *count += 1;
         *total += 1;
         Ok(())
+    }
+
+    fn max_records(&self) -> usize {
+        #[cfg(test)]
+        match self.max_records.load(Ordering::Relaxed) {
+            0 => {}
+            n => return n,
+        }
+        MAX_REMOTE_RECORDS
     }
 
     /// Counts a record loaded from the store (limits apply to what arrives, not to what was kept).
@@ -356,6 +369,12 @@ impl Registry {
             self.publish(&map);
         }
         Ok(gone.len())
+    }
+
+    /// Lowers the limit of remote records in all, so that tests can reach it.
+    #[cfg(test)]
+    pub(crate) fn limit_remote_records(&self, n: usize) {
+        self.remote.max_records.store(n, Ordering::Relaxed);
     }
 
     /// `(publisher, agent_id, seq)` of every record held: what anti-entropy compares.

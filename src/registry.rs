@@ -297,8 +297,8 @@ pub struct Registry {
     remote: remote::RemoteState,
     /// The witness of the local records, written before each durable local change.
     guard: std::sync::Mutex<guard::Guard>,
-    /// The last store write error: sled refuses every write after one (a full disk, say) until the
-    /// process restarts, so the node reports itself degraded from then on.
+    /// The error of the last local write, if it failed (a full disk, say); cleared by the next one that
+    /// succeeds. The node reports itself degraded meanwhile.
     store_error: std::sync::Mutex<Option<String>>,
 }
 
@@ -553,6 +553,9 @@ impl Registry {
                     }
                     return Err(self.write_failed(e).into());
                 }
+                if witnessed.is_some() {
+                    self.write_succeeded();
+                }
                 let publisher_name = self.publisher_name(publisher);
                 let sig = sig.into_boxed_slice();
                 let entry =
@@ -587,6 +590,9 @@ impl Registry {
                     }
                     return Err(self.write_failed(e).into());
                 }
+                if witnessed.is_some() {
+                    self.write_succeeded();
+                }
                 if let Some(e) = map.remove(&key) {
                     if e.origin == Origin::Remote {
                         self.remote.release(publisher);
@@ -599,7 +605,8 @@ impl Registry {
         Ok(applied)
     }
 
-    /// Why the store refused a write, if it ever did since start (writes stay refused until restart).
+    /// Why the store refused the last local write, if it did (a full disk; sled may then refuse every
+    /// write until the process restarts).
     pub fn store_error(&self) -> Option<String> {
         self.store_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -608,6 +615,10 @@ impl Registry {
     fn write_failed<E: std::fmt::Display>(&self, error: E) -> E {
         *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
         error
+    }
+
+    fn write_succeeded(&self) {
+        *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn lock_guard(&self) -> std::sync::MutexGuard<'_, guard::Guard> {
@@ -689,6 +700,7 @@ impl Registry {
             self.lock_guard().undo(&changes);
             return Err(self.write_failed(e).into());
         }
+        self.write_succeeded();
         let count = entries.len();
         for entry in entries {
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });

@@ -167,9 +167,8 @@ async fn query_while<F: std::future::Future<Output = ()>>(http: &str, attack: F)
 async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serving() {
     let daemon =
         Daemon::start(&["--heartbeat-interval", "500ms", "--degraded-after", "3s", "--inactive-after", "6s"]);
-    let client = reqwest::Client::new();
     let honest = json!({"agent_id": "honest", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
-    let r = client.post(format!("{}/api/v1/agents", daemon.http)).json(&honest).send().await.unwrap();
+    let r = daemon.register(&honest).await;
     assert!(r.status().is_success());
     let status = daemon.status().await;
     let addr: Multiaddr = status["listen_addrs"][0].as_str().unwrap().parse().unwrap();

@@ -60,14 +60,7 @@ async fn oversized_and_unfinished_requests_get_their_status_and_change_nothing()
     let addr = host(&daemon);
     let client = reqwest::Client::new();
     let card = json!({"agent_id": "kept", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
-    assert!(client
-        .post(format!("{}/api/v1/agents", daemon.http))
-        .json(&card)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .is_success());
+    assert!(daemon.register(&card).await.status().is_success());
 
     // A request target over the limit: 414, as JSON like every other error.
     // (Under the header limit, which a longer one would meet first: 431.)
@@ -113,14 +106,7 @@ async fn ten_thousand_slow_connections_are_cut_off_while_others_are_served() {
     let addr = host(&daemon);
     let client = reqwest::Client::new();
     let card = json!({"agent_id": "kept", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
-    assert!(client
-        .post(format!("{}/api/v1/agents", daemon.http))
-        .json(&card)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .is_success());
+    assert!(daemon.register(&card).await.status().is_success());
     let rss_before = daemon.rss_mb();
 
     // Ten thousand clients that start a request and never finish its headers.

@@ -86,6 +86,12 @@ impl Daemon {
         reqwest::get(format!("{}{path}", self.http)).await.unwrap().json().await.unwrap()
     }
 
+    /// Registers a card through the native API.
+    pub async fn register(&self, card: &Value) -> reqwest::Response {
+        let url = format!("{}/api/v1/agents", self.http);
+        reqwest::Client::new().post(url).json(card).send().await.unwrap()
+    }
+
     pub async fn status(&self) -> Value {
         self.get("/api/v1/mesh/status").await
     }

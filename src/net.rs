@@ -141,7 +141,8 @@ pub struct CounterState {
     /// Gossip dropped unread because the verification queue (`INGEST_QUEUE`) was full: not
     /// forwarded, and recovered by anti-entropy if it mattered.
     pub dropped_overload: u64,
-    /// Rejections by reason (`bad_signature`, `too_large`, `not_first_party`, …).
+    /// Rejections by reason (`bad_signature`, `too_large`, `malformed`, `publisher_over_limit`,
+    /// `publisher_not_allowed`, `view_full`, …).
     pub rejected: BTreeMap<&'static str, u64>,
     pub signature_failures: u64,
     /// Peers disconnected and refused for sending too many rejected messages (`guard`).
@@ -629,10 +630,12 @@ impl EventLoop {
     fn dial_lan_peers(&mut self) {
         let me = *self.swarm.local_peer_id();
         let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
-        let due: Vec<PeerId> =
-            mdns.discovered_nodes().filter(|p| me < **p && !self.swarm.is_connected(p)).copied().collect();
         let now = now_millis();
-        let due: Vec<PeerId> = due.into_iter().filter(|p| !self.guard.is_banned(p, now)).collect();
+        let due: Vec<PeerId> = mdns
+            .discovered_nodes()
+            .filter(|p| me < **p && !self.swarm.is_connected(p) && !self.guard.is_banned(p, now))
+            .copied()
+            .collect();
         for peer in due {
             // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.
             let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();

@@ -687,14 +687,14 @@ impl Registry {
             let sig = sig.into_boxed_slice();
             entries.push(Entry { key, seq, card, publisher_name, sig, origin, updated_at: now, live });
         }
-        let changes: Vec<guard::Change> = entries
-            .iter()
-            .map(|e| guard::Change {
-                agent_id: e.key.agent_id.clone(),
-                before: map.get(&e.key).map(|held| held.seq),
-                after: Some(e.seq),
-            })
-            .collect();
+        // Each change starts from the seq before it, the batch's own earlier rows included.
+        let mut seqs: std::collections::HashMap<&str, Option<u64>> = std::collections::HashMap::new();
+        let mut changes = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let before = *seqs.entry(&e.key.agent_id).or_insert_with(|| map.get(&e.key).map(|held| held.seq));
+            seqs.insert(&e.key.agent_id, Some(e.seq));
+            changes.push(guard::Change { agent_id: e.key.agent_id.clone(), before, after: Some(e.seq) });
+        }
         self.witness(&changes)?;
         if let Err(e) = self.store.put_many(&rows).await {
             self.lock_guard().undo(&changes);
@@ -776,5 +776,24 @@ mod tests {
         assert_eq!(next_local_seq(Some(1000), 1000), 1001);
         assert_eq!(next_local_seq(Some(5000), 1000), 5001);
         assert_eq!(next_local_seq(Some(10), 1000), 1000);
+    }
+
+    /// The witness of a bulk load follows each row from the seq before it, the batch's own included.
+    #[tokio::test]
+    async fn a_bulk_load_with_repeated_ids_reopens_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let card = |id: &str, version: &str| {
+            let json = format!(r#"{{"agent_id":"{id}","base_url":"http://h","version":"{version}"}}"#);
+            AgentCard::from_json(json.as_bytes()).unwrap()
+        };
+        {
+            let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+            r.register_local(card("a", "1"), Liveness::Node, 1_000).await.unwrap();
+            let batch = vec![card("a", "2"), card("b", "1"), card("a", "3")];
+            r.bulk_register_local(batch, Liveness::Node, 2_000).await.unwrap();
+        }
+        let (_, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!(report.local, 2);
     }
 }

@@ -25,8 +25,9 @@ pub enum GuardError {
     Corrupt { path: PathBuf, reason: String },
     #[error(
         "the store at {path} does not hold the local agents it acknowledged ({found} found, {expected} \
-         expected): its files were truncated, corrupted or replaced. Restore the data directory from a \
-         backup, or start once with --accept-store-loss to continue with what it holds"
+         expected, or not at their acknowledged versions): its files were truncated, corrupted or \
+         replaced. Restore the data directory from a backup, or start once with --accept-store-loss to \
+         continue with what it holds"
     )]
     Lost { path: PathBuf, expected: u64, found: u64 },
 }

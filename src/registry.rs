@@ -536,25 +536,22 @@ impl Registry {
                     card.json().to_owned(),
                     &sig,
                 );
-                let witnessed = (origin != Origin::Remote).then(|| guard::Change {
-                    agent_id: key.agent_id.clone(),
-                    before: held.map(|e| e.seq),
-                    after: Some(seq),
-                });
-                if let Some(change) = &witnessed {
-                    self.witness(std::slice::from_ref(change))?;
-                }
-                if let Err(e) = self.store.put(&row, origin != Origin::Remote).await {
+                let write = self.store.put(&row, origin != Origin::Remote);
+                let stored = if origin == Origin::Remote {
+                    write.await.map_err(RegistryError::from)
+                } else {
+                    let change = guard::Change {
+                        agent_id: key.agent_id.clone(),
+                        before: held.map(|e| e.seq),
+                        after: Some(seq),
+                    };
+                    self.write_local(&[change], write).await
+                };
+                if let Err(e) = stored {
                     if created && origin == Origin::Remote {
                         self.remote.release(publisher);
                     }
-                    if let Some(change) = witnessed {
-                        self.lock_guard().undo(&[change]);
-                    }
-                    return Err(self.write_failed(e).into());
-                }
-                if witnessed.is_some() {
-                    self.write_succeeded();
+                    return Err(e);
                 }
                 let publisher_name = self.publisher_name(publisher);
                 let sig = sig.into_boxed_slice();
@@ -573,25 +570,13 @@ impl Registry {
                 if held.is_none() || !accepts(held, seq) {
                     return Ok(Applied::Stale { held });
                 }
-                let local = map.get(&key).is_some_and(|e| e.is_local());
-                let witnessed = local.then(|| guard::Change {
-                    agent_id: key.agent_id.clone(),
-                    before: held,
-                    after: None,
-                });
-                if let Some(change) = &witnessed {
-                    self.witness(std::slice::from_ref(change))?;
-                }
-                if let Err(e) =
-                    self.store.remove(&key.agent_id, &publisher.to_bytes(), publisher == self.me).await
-                {
-                    if let Some(change) = witnessed {
-                        self.lock_guard().undo(&[change]);
-                    }
-                    return Err(self.write_failed(e).into());
-                }
-                if witnessed.is_some() {
-                    self.write_succeeded();
+                let publisher_bytes = publisher.to_bytes();
+                let write = self.store.remove(&key.agent_id, &publisher_bytes, publisher == self.me);
+                if map.get(&key).is_some_and(|e| e.is_local()) {
+                    let change = guard::Change { agent_id: key.agent_id.clone(), before: held, after: None };
+                    self.write_local(&[change], write).await?;
+                } else {
+                    write.await?;
                 }
                 if let Some(e) = map.remove(&key) {
                     if e.origin == Origin::Remote {
@@ -611,23 +596,31 @@ impl Registry {
         self.store_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Notes a failed write for [`Registry::store_error`] and passes the error on.
-    fn write_failed<E: std::fmt::Display>(&self, error: E) -> E {
-        *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
-        error
-    }
-
-    fn write_succeeded(&self) {
-        *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    fn set_store_error(&self, error: Option<String>) {
+        *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
     fn lock_guard(&self) -> std::sync::MutexGuard<'_, guard::Guard> {
         self.guard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the witness of local changes about to be stored (under the writer lock).
-    fn witness(&self, changes: &[guard::Change]) -> Result<(), RegistryError> {
-        Ok(self.lock_guard().before_all(changes).map_err(|e| self.write_failed(e))?)
+    /// A store write of local changes (under the writer lock): their witness first, then `write`. A
+    /// failure undoes the witness and is what `store_error` reports until a local write succeeds.
+    async fn write_local(
+        &self,
+        changes: &[guard::Change],
+        write: impl std::future::Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), RegistryError> {
+        let witnessed = self.lock_guard().before_all(changes);
+        let result = match witnessed {
+            Err(e) => Err(RegistryError::from(e)),
+            Ok(()) => write.await.map_err(|e| {
+                self.lock_guard().undo(changes);
+                RegistryError::from(e)
+            }),
+        };
+        self.set_store_error(result.as_ref().err().map(ToString::to_string));
+        result
     }
 
     fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
@@ -695,12 +688,7 @@ impl Registry {
             seqs.insert(&e.key.agent_id, Some(e.seq));
             changes.push(guard::Change { agent_id: e.key.agent_id.clone(), before, after: Some(e.seq) });
         }
-        self.witness(&changes)?;
-        if let Err(e) = self.store.put_many(&rows).await {
-            self.lock_guard().undo(&changes);
-            return Err(self.write_failed(e).into());
-        }
-        self.write_succeeded();
+        self.write_local(&changes, self.store.put_many(&rows)).await?;
         let count = entries.len();
         for entry in entries {
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });

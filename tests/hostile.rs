@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::daemon::{Daemon, DEADLINE};
+use common::daemon::{p99, Daemon, DEADLINE};
 
 /// The honest daemon's resident memory after the attack stays under this.
 const RSS_BOUND_MB: u64 = 200;
@@ -191,7 +191,7 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
         "the daemon's subscription reached the hostile peer"
     );
 
-    let latencies = query_while(&daemon.http, async {
+    let mut latencies = query_while(&daemon.http, async {
         let mut attack = Attack { swarm: &mut swarm, daemon: &daemon, sent: 0, closed: false };
         // One of each kind first (the ban comes after 20 rejections), each counted by reason.
         let mut forged = sealed_card(&key, "forged", 1);
@@ -254,12 +254,10 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
     daemon.wait_for("no connection to the banned peer", |s| s["connected_peers"] == 0).await;
 
     let rss_after = daemon.rss_mb();
-    let mut sorted = latencies.clone();
-    sorted.sort();
-    let p99 = sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)];
+    let p99 = p99(&mut latencies);
     eprintln!(
         "hostile peer: {} queries during the attack, p99 {:?}; RSS {rss_before} -> {rss_after} MB; {total} agents held; {status}",
-        sorted.len(),
+        latencies.len(),
         p99
     );
     assert!(rss_after < RSS_BOUND_MB, "RSS {rss_after} MB");

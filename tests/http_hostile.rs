@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use agentmesh::defaults::{
     HTTP_HEADER_TIMEOUT, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_URI_BYTES,
 };
-use common::daemon::Daemon;
+use common::daemon::{p99, Daemon};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -19,10 +19,6 @@ const SLOW_CLIENTS: usize = 10_000;
 const RSS_BOUND_MB: u64 = 300;
 /// A well-behaved client's p99 meanwhile (a few ms on an idle machine; room for a loaded CI machine).
 const P99_BOUND: Duration = Duration::from_millis(250);
-
-fn raise_fd_limit() {
-    agentmesh::api::server::raise_fd_limit();
-}
 
 fn host(daemon: &Daemon) -> String {
     daemon.http.trim_start_matches("http://").to_owned()
@@ -101,7 +97,7 @@ async fn oversized_and_unfinished_requests_get_their_status_and_change_nothing()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_slow_connections_are_cut_off_while_others_are_served() {
-    raise_fd_limit();
+    agentmesh::api::server::raise_fd_limit();
     let daemon = Daemon::start(&[]);
     let addr = host(&daemon);
     let client = reqwest::Client::new();
@@ -150,8 +146,7 @@ async fn ten_thousand_slow_connections_are_cut_off_while_others_are_served() {
     let closed_after = opened.elapsed();
     drop(slow);
 
-    latencies.sort();
-    let p99 = latencies[latencies.len() * 99 / 100];
+    let p99 = p99(&mut latencies);
     eprintln!(
         "http: {SLOW_CLIENTS} slow connections opened in {opening:?}, all closed {closed_after:?} after opening; \
          RSS {rss_before} -> {rss_held} MB; well-behaved p99 {p99:?}"

@@ -145,9 +145,18 @@ async fn apply_signed(
     }
 }
 
-fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
+/// Counts a refusal by reason: `Reject` when the sender is to blame (it earns a strike), else `Ignore`.
+fn refuse(counters: &Counters, reason: &'static str, blame: bool) -> MessageAcceptance {
     counters.update(|c| *c.rejected.entry(reason).or_default() += 1);
-    MessageAcceptance::Reject
+    if blame {
+        MessageAcceptance::Reject
+    } else {
+        MessageAcceptance::Ignore
+    }
+}
+
+fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
+    refuse(counters, reason, true)
 }
 
 /// Opens (verifies, then decodes) a message and checks its publisher against the policy; a failure is
@@ -227,10 +236,7 @@ fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryE
             MessageAcceptance::Ignore
         }
         Ok(Fate::Refused(reason)) => reject(counters, reason),
-        Ok(Fate::NotTaken(reason)) => {
-            counters.update(|c| *c.rejected.entry(reason).or_default() += 1);
-            MessageAcceptance::Ignore
-        }
+        Ok(Fate::NotTaken(reason)) => refuse(counters, reason, false),
         Err(error) => {
             tracing::warn!(%publisher, %error, "could not store a verified message");
             counters.update(|c| c.ignored += 1);

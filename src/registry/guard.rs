@@ -166,13 +166,8 @@ impl Guard {
         Ok(guard)
     }
 
-    /// Records a change about to be written to the store. Call before the store write; an error means
-    /// the change must not be made.
-    pub fn before(&mut self, change: &Change) -> Result<(), GuardError> {
-        self.before_all(std::slice::from_ref(change))
-    }
-
-    /// Records changes written to the store at once (one atomic batch).
+    /// Records changes about to be written to the store at once (one write or one atomic batch). Call
+    /// before the store write; an error means the changes must not be made.
     pub fn before_all(&mut self, changes: &[Change]) -> Result<(), GuardError> {
         let after = changes.iter().fold(self.current, |sum, change| change.apply(sum));
         self.write(&Witness { committed: self.current, pending: after })?;
@@ -221,12 +216,12 @@ mod tests {
         for stored in [sum(&[("a", 1)]), sum(&[("a", 1), ("b", 5)])] {
             let dir = tempfile::tempdir().unwrap();
             let mut g = Guard::open(dir.path(), sum(&[("a", 1)]), false).unwrap();
-            g.before(&Change { agent_id: "b".into(), before: None, after: Some(5) }).unwrap();
+            g.before_all(&[Change { agent_id: "b".into(), before: None, after: Some(5) }]).unwrap();
             Guard::open(dir.path(), stored, false).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
         let mut g = Guard::open(dir.path(), sum(&[("a", 1), ("b", 5)]), false).unwrap();
-        g.before(&Change { agent_id: "a".into(), before: Some(1), after: Some(2) }).unwrap();
+        g.before_all(&[Change { agent_id: "a".into(), before: Some(1), after: Some(2) }]).unwrap();
         // The store lost b: refused, naming the counts.
         let e = Guard::open(dir.path(), sum(&[("a", 2)]), false).unwrap_err();
         assert!(matches!(e, GuardError::Lost { expected: 2, found: 1, .. }), "{e}");

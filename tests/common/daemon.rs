@@ -10,6 +10,12 @@ use serde_json::Value;
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentmesh");
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// The 99th percentile of some latencies (sorts them).
+pub fn p99(latencies: &mut [Duration]) -> Duration {
+    latencies.sort();
+    latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)]
+}
+
 pub struct Daemon {
     pub child: Child,
     pub http: String,

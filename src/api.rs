@@ -3,6 +3,7 @@
 //! [`router`] builds the whole app from an [`AppState`]; tests and the node serve it the same way.
 //! Every route that writes sits behind `require_writer`: a loopback client, or a valid API key.
 
+pub mod a2a;
 pub mod agentfield;
 pub mod agents;
 pub mod body;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub started: Instant,
     /// The mesh, when this node runs one.
     pub net: Option<crate::net::NetHandle>,
+    /// The local agent `/.well-known/agent-card.json` serves; `None`: the smallest local agent id.
+    pub well_known_agent: Option<Arc<str>>,
 }
 
 impl AppState {
@@ -52,7 +55,13 @@ impl AppState {
             api_key: api_key.map(Into::into),
             started: Instant::now(),
             net: None,
+            well_known_agent: None,
         }
+    }
+
+    pub fn with_well_known_agent(mut self, agent_id: Option<String>) -> Self {
+        self.well_known_agent = agent_id.map(Into::into);
+        self
     }
 
     pub fn with_net(mut self, net: crate::net::NetHandle) -> Self {
@@ -81,6 +90,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/discovery/capabilities", get(discovery::capabilities))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))
+        .route("/api/v1/agents/{id}/agent-card.json", get(a2a::agent_card))
+        .route("/.well-known/agent-card.json", get(a2a::well_known))
         .route("/api/v1/nodes", get(agentfield::list_nodes))
         .route("/api/v1/nodes/{id}", get(agentfield::get_node))
         .route("/api/v1/mesh/status", get(mesh_status))

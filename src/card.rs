@@ -4,15 +4,18 @@
 //! Schemas and examples are kept as raw, minified JSON: the query path copies them into responses
 //! without re-encoding, and a parsed `serde_json::Value` tree would cost several times the memory.
 
+pub mod a2a;
 pub mod held;
 
+pub use a2a::JwsSignature;
 pub use held::HeldCard;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::defaults::{
-    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN, MAX_URL_LEN,
+    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN,
+    MAX_URL_LEN,
 };
 
 /// Why a card was refused. `field` is a path into the card (`reasoners[2].id`).
@@ -100,6 +103,24 @@ pub struct AgentCard {
     /// A2A `defaultOutputModes` (media types).
     #[serde(default = "default_modes")]
     pub output_modes: Vec<String>,
+    /// A2A `supportedInterfaces`. Empty: one `HTTP+JSON` interface at `base_url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<Interface>,
+    /// The publisher's JWS over the card's A2A view ([`a2a`]). Set by the publishing node, checked by
+    /// every node that receives the card; whatever a registering client puts here is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a_signature: Option<JwsSignature>,
+}
+
+/// One A2A interface: where and how the agent is reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interface {
+    pub url: String,
+    /// `JSONRPC`, `GRPC` or `HTTP+JSON`.
+    pub protocol_binding: String,
+    /// The A2A protocol version the interface speaks (`1.0`).
+    pub protocol_version: String,
 }
 
 /// A reasoner or a skill.
@@ -180,6 +201,25 @@ impl AgentCard {
         check_tags("tags", &self.tags)?;
         check_modes("input_modes", &self.input_modes)?;
         check_modes("output_modes", &self.output_modes)?;
+        if self.interfaces.len() > MAX_INTERFACES {
+            return Err(CardError::invalid("interfaces", format!("more than {MAX_INTERFACES} interfaces")));
+        }
+        for (i, iface) in self.interfaces.iter().enumerate() {
+            check_url(&format!("interfaces[{i}].url"), &iface.url)?;
+            for (text, name) in
+                [(&iface.protocol_binding, "protocol_binding"), (&iface.protocol_version, "protocol_version")]
+            {
+                if text.is_empty() || text.len() > MAX_TAG_LEN {
+                    return Err(CardError::invalid(
+                        format!("interfaces[{i}].{name}"),
+                        format!("must be 1 to {MAX_TAG_LEN} bytes"),
+                    ));
+                }
+            }
+        }
+        if let Some(sig) = &self.a2a_signature {
+            sig.validate()?;
+        }
         let count = self.reasoners.len() + self.skills.len();
         if count > MAX_CAPABILITIES {
             return Err(CardError::invalid(
@@ -202,6 +242,39 @@ impl AgentCard {
             return Err(CardError::TooLarge { size, max: MAX_CARD_BYTES });
         }
         Ok(())
+    }
+
+    /// The card signed as `key`'s node: its A2A signature made (or dropped when it has no A2A view).
+    /// Ed25519 is deterministic, so the same card always comes out the same.
+    pub fn signed(mut self, key: &libp2p::identity::Keypair) -> Self {
+        self.a2a_signature = None;
+        self.a2a_signature = a2a::view(&self).map(|view| a2a::sign(key, &view));
+        self
+    }
+
+    /// Checks the card's A2A signature as `publisher`'s: present exactly when the card has an A2A view,
+    /// and valid over it.
+    pub fn verify_a2a(&self, publisher: &libp2p::PeerId) -> Result<(), a2a::SignatureError> {
+        match (a2a::view(self), &self.a2a_signature) {
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err(a2a::SignatureError::Unexpected),
+            (Some(_), None) => Err(a2a::SignatureError::Missing),
+            (Some(view), Some(sig)) => a2a::verify(publisher, &view, sig),
+        }
+    }
+
+    /// Parses a card in either form: an agentmesh card, or an A2A card (no `agent_id`).
+    pub fn from_json_any(bytes: &[u8]) -> Result<Self, CardError> {
+        if bytes.len() > MAX_CARD_BYTES * 4 {
+            return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
+        }
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| CardError::Malformed { field: "card".into(), reason: e.to_string() })?;
+        if a2a::looks_like_a2a(&value) {
+            a2a::from_a2a(value)
+        } else {
+            Self::from_json(bytes)
+        }
     }
 
     /// Human name for display and the A2A view.

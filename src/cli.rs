@@ -84,6 +84,16 @@ pub struct RunArgs {
     /// Path probed under each agent's base_url.
     #[arg(long, env = "AGENTMESH_PROBE_PATH", value_name = "PATH")]
     pub probe_path: Option<String>,
+    /// URL of a local agent's card to poll and republish on change (repeatable; comma-separated in
+    /// the variable), e.g. http://127.0.0.1:9000/.well-known/agent-card.json.
+    #[arg(long = "card-url", env = "AGENTMESH_CARD_URLS", value_name = "URL", value_delimiter = ',')]
+    pub card_urls: Vec<String>,
+    /// How often card URLs are fetched.
+    #[arg(long, env = "AGENTMESH_CARD_POLL_INTERVAL", value_name = "DURATION", value_parser = duration)]
+    pub card_poll_interval: Option<Duration>,
+    /// The local agent served at /.well-known/agent-card.json when the node hosts several.
+    #[arg(long, env = "AGENTMESH_WELL_KNOWN_AGENT", value_name = "AGENT_ID")]
+    pub well_known_agent: Option<String>,
     /// Log format.
     #[arg(long, env = "AGENTMESH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -146,6 +156,15 @@ impl RunArgs {
         }
         if let Some(v) = &self.probe_path {
             c.probe_path = v.clone();
+        }
+        if !self.card_urls.is_empty() {
+            c.card_urls = self.card_urls.clone();
+        }
+        if let Some(v) = self.card_poll_interval {
+            c.card_poll_interval = v;
+        }
+        if let Some(v) = &self.well_known_agent {
+            c.well_known_agent = Some(v.clone());
         }
         if let Some(v) = self.log_format {
             c.log_format = v;

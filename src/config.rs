@@ -68,6 +68,16 @@ pub struct Config {
     pub probe_interval: Option<Duration>,
     /// Path probed under each agent's base_url. Default `/health`.
     pub probe_path: String,
+    /// URLs of local agents' cards (A2A `/.well-known/agent-card.json`, or agentmesh cards), fetched
+    /// every `card_poll_interval`: a changed card is republished, a failed fetch reports the agent
+    /// `degraded` (`offline` after three in a row). Default none.
+    pub card_urls: Vec<String>,
+    /// How often `card_urls` are fetched. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub card_poll_interval: Duration,
+    /// Which local agent `/.well-known/agent-card.json` serves when the node hosts several. Default
+    /// unset: the local agent with the smallest agent id.
+    pub well_known_agent: Option<String>,
     /// `text` or `json`. Default `text`.
     pub log_format: LogFormat,
     /// Key that lets non-loopback clients write. Default unset: only loopback clients may write.
@@ -98,6 +108,9 @@ impl Default for Config {
             cards: Vec::new(),
             probe_interval: None,
             probe_path: defaults::PROBE_PATH.to_owned(),
+            card_urls: Vec::new(),
+            card_poll_interval: defaults::CARD_POLL_INTERVAL,
+            well_known_agent: None,
             log_format: LogFormat::Text,
             api_key: None,
             network_key: None,
@@ -122,6 +135,9 @@ impl fmt::Debug for Config {
             .field("cards", &self.cards)
             .field("probe_interval", &self.probe_interval)
             .field("probe_path", &self.probe_path)
+            .field("card_urls", &self.card_urls)
+            .field("card_poll_interval", &self.card_poll_interval)
+            .field("well_known_agent", &self.well_known_agent)
             .field("log_format", &self.log_format)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("network_key", &self.network_key)
@@ -181,6 +197,19 @@ impl Config {
         }
         if !self.probe_path.starts_with('/') {
             return invalid("probe_path", format!("`{}` must start with /", self.probe_path));
+        }
+        for url in &self.card_urls {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return invalid("card_urls", format!("`{url}` must be an http:// or https:// URL"));
+            }
+        }
+        if self.card_poll_interval.is_zero() {
+            return invalid("card_poll_interval", "must be above zero".into());
+        }
+        if let Some(id) = &self.well_known_agent {
+            if let Err(e) = crate::card::check_id("well_known_agent", id) {
+                return invalid("well_known_agent", e.to_string());
+            }
         }
         if self.api_key.as_deref().is_some_and(|k| k.len() < 16) {
             return invalid("api_key", "must be at least 16 characters".into());

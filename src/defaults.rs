@@ -22,6 +22,10 @@ pub const INACTIVE_AFTER: Duration = Duration::from_secs(20);
 pub const EVICT_AFTER: Duration = Duration::from_secs(600);
 /// Path probed under a local agent's base_url when probes are on.
 pub const PROBE_PATH: &str = "/health";
+/// How often a `card_url` is fetched again (the card and, by its answer, the agent's liveness).
+pub const CARD_POLL_INTERVAL: Duration = Duration::from_secs(10);
+/// `Cache-Control: max-age` of served A2A cards: a card changes only when its agent re-registers.
+pub const A2A_CARD_MAX_AGE: Duration = Duration::from_secs(30);
 /// Whether mDNS discovery is on.
 pub const MDNS: bool = true;
 
@@ -42,6 +46,8 @@ pub const MAX_CAPABILITIES: usize = 256;
 pub const MAX_SHORT_TEXT: usize = 256;
 /// Longest URL.
 pub const MAX_URL_LEN: usize = 2048;
+/// Most A2A interfaces on one card.
+pub const MAX_INTERFACES: usize = 8;
 
 /// Discovery page size when `limit` is not given.
 pub const DISCOVERY_LIMIT: usize = 100;

@@ -100,7 +100,7 @@ impl Node {
                 .map_err(|e| invalid(CardError::Malformed { field: ".".into(), reason: e.to_string() }))?;
             let text =
                 crate::card::expand_placeholders(text, |name| std::env::var(name).ok()).map_err(invalid)?;
-            let card = AgentCard::from_json(text.as_bytes()).map_err(invalid)?;
+            let card = AgentCard::from_json_any(text.as_bytes()).map_err(invalid)?;
             let agent_id = card.agent_id.clone();
             let applied = registry.register_local(card, Liveness::Node, now_millis()).await?;
             tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
@@ -128,8 +128,20 @@ impl Node {
         if !http_addr.ip().is_loopback() && config.api_key.is_none() {
             tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
         }
-        let app = api::router(AppState::new(registry.clone(), config.api_key.clone()).with_net(net.clone()));
+        let app = api::router(
+            AppState::new(registry.clone(), config.api_key.clone())
+                .with_net(net.clone())
+                .with_well_known_agent(config.well_known_agent.clone()),
+        );
         let cancel = CancellationToken::new();
+        if !config.card_urls.is_empty() {
+            tokio::spawn(crate::probe::poll_cards(
+                registry.clone(),
+                config.card_urls.clone(),
+                config.card_poll_interval,
+                cancel.clone(),
+            ));
+        }
         if let Some(interval) = config.probe_interval {
             tokio::spawn(crate::probe::run(
                 registry.clone(),

@@ -2,6 +2,9 @@
 //! registration): when `probe_interval` is set, this node asks each one's `base_url` + `probe_path`
 //! and reports what it finds through the mesh, as AgentField agents do with their own heartbeats.
 //!
+//! Card URLs ([`poll_cards`]) are the same idea for agents that publish their own card: the node
+//! fetches it, republishes it when it changes, and reports the agent by whether the fetch worked.
+//!
 //! Any HTTP answer below 500 means the agent's server is up (`ready`); a 5xx or no answer within the
 //! timeout counts as a failure: `degraded` at once, `offline` after `FAILURES_TO_OFFLINE` in a row.
 
@@ -12,8 +15,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::now_millis;
+use crate::card::AgentCard;
+use crate::defaults::MAX_BODY_BYTES;
 use crate::registry::health::Reported;
-use crate::registry::{Liveness, Origin, Registry};
+use crate::registry::{Applied, Liveness, Origin, Registry};
 
 /// Consecutive failed probes after which an agent is reported offline.
 pub const FAILURES_TO_OFFLINE: u32 = 3;
@@ -51,13 +56,110 @@ pub async fn run(registry: Arc<Registry>, interval: Duration, path: String, canc
             };
             let count = failures.entry(agent_id.clone()).or_default();
             *count = if alive { 0 } else { *count + 1 };
-            let reported = match *count {
-                0 => Reported::Ready,
-                n if n >= FAILURES_TO_OFFLINE => Reported::Offline,
-                _ => Reported::Degraded,
-            };
             // The agent may have been removed meanwhile: nothing to report then.
-            let _ = registry.heartbeat_local(&agent_id, Some(reported), now_millis());
+            let _ = registry.heartbeat_local(&agent_id, Some(reported_after(*count)), now_millis());
         }
     }
+}
+
+/// What an agent is reported as after `failures` failed checks in a row. Pure.
+pub fn reported_after(failures: u32) -> Reported {
+    match failures {
+        0 => Reported::Ready,
+        n if n >= FAILURES_TO_OFFLINE => Reported::Offline,
+        _ => Reported::Degraded,
+    }
+}
+
+/// Why fetching a card URL failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CardUrlError {
+    #[error("fetch failed: {0}")]
+    Fetch(#[from] reqwest::Error),
+    #[error("answered HTTP {0}")]
+    Status(u16),
+    #[error("card is over {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error(transparent)]
+    Card(#[from] crate::card::CardError),
+}
+
+/// One polled card URL and the agent it last registered.
+struct Polled {
+    url: String,
+    agent_id: Option<String>,
+    failures: u32,
+}
+
+/// Fetches every card URL each `interval`, until `cancel`. A card (A2A or agentmesh) is registered as a
+/// local agent, so a changed card is republished and an unchanged one writes nothing; the answer is
+/// also the agent's liveness: a failed fetch reports it `degraded`, `offline` after
+/// [`FAILURES_TO_OFFLINE`] in a row. A URL that starts serving another agent id replaces its old agent.
+pub async fn poll_cards(
+    registry: Arc<Registry>,
+    urls: Vec<String>,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let client = match reqwest::Client::builder().timeout(interval.min(Duration::from_secs(5))).build() {
+        Ok(c) => c,
+        Err(error) => {
+            tracing::warn!(%error, "card URLs not polled: no HTTP client");
+            return;
+        }
+    };
+    let mut polled: Vec<Polled> =
+        urls.into_iter().map(|url| Polled { url, agent_id: None, failures: 0 }).collect();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        for p in &mut polled {
+            match fetch_card(&client, &p.url).await {
+                Ok(card) => {
+                    let agent_id = card.agent_id.clone();
+                    match registry.register_local(card, Liveness::Node, now_millis()).await {
+                        Ok(applied) => {
+                            if !matches!(applied, Applied::Unchanged { .. }) {
+                                tracing::info!(url = %p.url, %agent_id, ?applied, "card from url registered");
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(url = %p.url, %agent_id, %error, "card from url not stored");
+                            continue;
+                        }
+                    }
+                    if let Some(old) = p.agent_id.replace(agent_id.clone()).filter(|old| *old != agent_id) {
+                        let _ = registry.deregister_local(&old, now_millis()).await;
+                    }
+                    p.failures = 0;
+                }
+                Err(error) => {
+                    p.failures += 1;
+                    tracing::warn!(url = %p.url, failures = p.failures, %error, "card url fetch failed");
+                }
+            }
+            if let Some(agent_id) = &p.agent_id {
+                let _ = registry.heartbeat_local(agent_id, Some(reported_after(p.failures)), now_millis());
+            }
+        }
+    }
+}
+
+async fn fetch_card(client: &reqwest::Client, url: &str) -> Result<AgentCard, CardUrlError> {
+    let mut response = client.get(url).header("accept", "application/json").send().await?;
+    if !response.status().is_success() {
+        return Err(CardUrlError::Status(response.status().as_u16()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(CardUrlError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(AgentCard::from_json_any(&body)?)
 }

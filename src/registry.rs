@@ -422,6 +422,7 @@ impl Registry {
         liveness: Liveness,
         now: Millis,
     ) -> Result<Applied, RegistryError> {
+        let card = card.signed(&self.signer);
         let mut map = self.writer.lock().await;
         let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
         let origin = Origin::Local(liveness);
@@ -657,6 +658,7 @@ impl Registry {
         let mut rows = Vec::with_capacity(cards.len());
         let mut entries = Vec::with_capacity(cards.len());
         for card in cards {
+            let card = card.signed(&self.signer);
             let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
             let sig = self.sign(&card, seq);
@@ -715,22 +717,26 @@ fn release_free_memory() {
     }
 }
 
-/// Rebuilds an entry from its row, re-validating the card and re-verifying the publisher's signature.
-/// A local card whose signature does not verify (a store written before cards were signed) is signed
-/// again by `signer`; a remote one is refused.
+/// Rebuilds an entry from its row, re-validating the card and re-verifying the publisher's signatures
+/// (the envelope's and the A2A one). A local card whose signatures do not verify (a store written
+/// before cards were signed) is signed again by `signer` at the same seq; a remote one is refused.
 fn entry_from_row(row: &Row, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
-    let card = AgentCard::from_json(row.card.as_bytes()).ok()?;
+    let mut card = AgentCard::from_json(row.card.as_bytes()).ok()?;
     if card.agent_id != row.agent_id {
         return None;
     }
     let body = crate::wire::CardBody { agent_id: row.agent_id.clone(), seq: row.seq, card: row.card.clone() };
     let mut sig = row.sig.to_vec();
-    if card.to_json() != row.card.as_bytes() || !crate::wire::verify_card(&publisher, &body, &sig) {
+    let verified = card.to_json() == row.card.as_bytes()
+        && crate::wire::verify_card(&publisher, &body, &sig)
+        && card.verify_a2a(&publisher).is_ok();
+    if !verified {
         if origin == Origin::Remote || publisher != signer.public().to_peer_id() {
             return None;
         }
+        card = card.signed(signer);
         let canonical = crate::wire::CardBody { card: String::from_utf8(card.to_json()).ok()?, ..body };
         sig = crate::wire::sign_card(signer, &canonical);
     }

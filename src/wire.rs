@@ -40,6 +40,8 @@ pub enum WireError {
     BadBody(String),
     #[error("card is invalid: {0}")]
     BadCard(String),
+    #[error("card's A2A signature: {0}")]
+    BadA2aSignature(#[from] crate::card::a2a::SignatureError),
 }
 
 impl WireError {
@@ -54,6 +56,7 @@ impl WireError {
             WireError::BadSignature => "bad_signature",
             WireError::BadBody(_) => "bad_body",
             WireError::BadCard(_) => "bad_card",
+            WireError::BadA2aSignature(_) => "bad_a2a_signature",
         }
     }
 }
@@ -281,6 +284,8 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
             if card.to_json() != body.card.as_bytes() {
                 return Err(WireError::BadCard("card JSON is not in canonical form".into()));
             }
+            // Every node serves the publisher's A2A signature: it must be the publisher's.
+            card.verify_a2a(&publisher)?;
             Message::Card { body, card: Box::new(card) }
         }
         Kind::Heartbeat => {
@@ -307,13 +312,18 @@ mod tests {
     fn card_body(agent_id: &str, seq: u64) -> CardBody {
         let json =
             format!(r#"{{"agent_id":"{agent_id}","base_url":"http://127.0.0.1:1","skills":[{{"id":"s"}}]}}"#);
-        let card = AgentCard::from_json(json.as_bytes()).unwrap();
+        let card = AgentCard::from_json(json.as_bytes()).unwrap().signed(&test_key());
         CardBody { agent_id: agent_id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() }
+    }
+
+    /// One key for every card body of these tests, so the A2A signature matches the envelope's key.
+    fn test_key() -> Keypair {
+        Keypair::ed25519_from_bytes([7u8; 32]).unwrap()
     }
 
     #[test]
     fn sealed_messages_open_with_their_publisher() {
-        let key = Keypair::generate_ed25519();
+        let key = test_key();
         let body = card_body("a", 7);
         let v = open(&seal_card(&key, &body)).unwrap();
         assert_eq!(v.publisher, key.public().to_peer_id());
@@ -340,7 +350,7 @@ mod tests {
 
     #[test]
     fn forgeries_are_rejected_before_decoding() {
-        let key = Keypair::generate_ed25519();
+        let key = test_key();
         let other = Keypair::generate_ed25519();
         let sealed = seal_card(&key, &card_body("a", 1));
         // Another publisher's name on this signature.
@@ -360,7 +370,7 @@ mod tests {
 
     #[test]
     fn versions_kinds_sizes_and_publishers_are_checked() {
-        let key = Keypair::generate_ed25519();
+        let key = test_key();
         let sealed = seal_card(&key, &card_body("a", 1));
         assert_eq!(open(&tamper(&sealed, |e| e.v = 2)).unwrap_err(), WireError::UnknownVersion(2));
         assert_eq!(open(&tamper(&sealed, |e| e.kind = 9)).unwrap_err(), WireError::UnknownKind(9));
@@ -377,7 +387,7 @@ mod tests {
 
     #[test]
     fn cards_must_be_valid_canonical_and_match_their_envelope() {
-        let key = Keypair::generate_ed25519();
+        let key = test_key();
         let mut body = card_body("a", 1);
         body.agent_id = "b".into();
         assert!(matches!(open(&seal_card(&key, &body)), Err(WireError::BadCard(_))));
@@ -386,5 +396,25 @@ mod tests {
         assert!(matches!(open(&seal_card(&key, &body)), Err(WireError::BadCard(_))));
         let body = CardBody { agent_id: "a".into(), seq: 1, card: r#"{"agent_id":"a"}"#.into() };
         assert!(matches!(open(&seal_card(&key, &body)), Err(WireError::BadCard(_))));
+    }
+
+    #[test]
+    fn a_card_must_carry_its_publishers_own_a2a_signature() {
+        let key = test_key();
+        let other = Keypair::generate_ed25519();
+        let unsigned =
+            AgentCard::from_json(br#"{"agent_id":"a","base_url":"http://h","skills":[{"id":"s"}]}"#).unwrap();
+        let body = |card: &AgentCard| CardBody {
+            agent_id: "a".into(),
+            seq: 1,
+            card: String::from_utf8(card.to_json()).unwrap(),
+        };
+        // Signed by another node, then wrapped in a valid envelope of this publisher's.
+        let theirs = seal_card(&key, &body(&unsigned.clone().signed(&other)));
+        let err = open(&theirs).unwrap_err();
+        assert_eq!(err.reason(), "bad_a2a_signature");
+        let none = seal_card(&key, &body(&unsigned));
+        assert_eq!(open(&none).unwrap_err().reason(), "bad_a2a_signature");
+        assert!(open(&seal_card(&key, &body(&unsigned.signed(&key)))).is_ok());
     }
 }

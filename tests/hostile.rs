@@ -73,7 +73,7 @@ fn card(id: &str) -> AgentCard {
 }
 
 fn sealed_card(key: &Keypair, id: &str, seq: u64) -> Vec<u8> {
-    let card = card(id);
+    let card = card(id).signed(key);
     let body = CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() };
     wire::seal_card(key, &body)
 }

@@ -6,34 +6,9 @@ use std::time::Duration;
 
 use agentmesh::config::Config;
 use agentmesh::net;
-use common::{config, fixture_cards, sdk_registration, TestNode};
+use common::{dial_addr, fixture_cards, mesh_config, sdk_registration, TestNode};
 use reqwest::Method;
 use serde_json::Value;
-
-/// A mesh node: ephemeral ports, short intervals so that health changes within a test's patience.
-fn mesh_config(dir: &std::path::Path, bootstrap: Vec<String>) -> Config {
-    Config {
-        listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-        bootstrap,
-        heartbeat_interval: Duration::from_millis(100),
-        degraded_after: Duration::from_millis(600),
-        inactive_after: Duration::from_millis(1200),
-        evict_after: Duration::from_millis(2500),
-        ..config(dir)
-    }
-}
-
-/// The node's first listen address with its PeerId, once it listens.
-async fn dial_addr(n: &TestNode) -> String {
-    let peer = n.node.peer_id();
-    let addr = n
-        .wait_for("a listen address", || async {
-            let (_, status) = n.get("/api/v1/mesh/status").await;
-            status["listen_addrs"][0].as_str().map(str::to_owned)
-        })
-        .await;
-    format!("{addr}/p2p/{peer}")
-}
 
 async fn start(dir: &std::path::Path, bootstrap: Vec<String>) -> TestNode {
     TestNode::start(mesh_config(dir, bootstrap)).await

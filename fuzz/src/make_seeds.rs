@@ -31,7 +31,7 @@ fn main() {
     for (name, text) in &cards {
         write("card_validate", name, text.as_bytes());
         write("xml_render", name, text.as_bytes());
-        let card = AgentCard::from_json(text.as_bytes()).expect("sample cards are valid");
+        let card = AgentCard::from_json(text.as_bytes()).expect("sample cards are valid").signed(&key);
         let body = CardBody { agent_id: card.agent_id.clone(), seq: 3, card: String::from_utf8(card.to_json()).expect("utf-8") };
         let sealed = wire::seal_card(&key, &body);
         write("wire_open", &format!("card-{name}"), &[[0u8].as_slice(), &sealed].concat());

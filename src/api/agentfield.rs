@@ -102,6 +102,8 @@ impl Registration {
             skills: self.skills.unwrap_or_default().into_iter().map(SdkCapability::into_capability).collect(),
             input_modes: vec!["application/json".to_owned()],
             output_modes: vec!["application/json".to_owned()],
+            interfaces: Vec::new(),
+            a2a_signature: None,
             agent_id: self.id,
         };
         Ok(card.normalized()?)

@@ -6,13 +6,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use serde_json::json;
+use std::sync::Arc;
 
 use super::body::RawBody;
 use super::error::ApiError;
 use super::render::rfc3339;
 use super::{now_millis, AppState};
 use crate::card::AgentCard;
-use crate::registry::{Applied, Entry, Liveness};
+use crate::registry::{Applied, Entry, Liveness, Snapshot};
 
 /// Default and largest page of `GET /api/v1/agents`.
 const LIST_LIMIT: usize = 100;
@@ -68,7 +69,7 @@ pub fn registered(app: &AppState, agent_id: &str, applied: Applied) -> Response 
 }
 
 pub async fn register(State(app): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
-    let card = AgentCard::from_json(&body)?;
+    let card = AgentCard::from_json_any(&body)?;
     let agent_id = card.agent_id.clone();
     let applied = app.registry.register_local(card, Liveness::Node, now_millis()).await?;
     Ok(registered(&app, &agent_id, applied))
@@ -97,11 +98,31 @@ pub async fn list(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Resul
     Ok(Json(body).into_response())
 }
 
-pub async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
     let snapshot = app.registry.snapshot();
-    let found = snapshot.by_agent_id(&id);
-    let entry = found.first().ok_or_else(|| ApiError::NotFound(format!("agent `{id}`")))?;
+    let entry = pick(&snapshot, &id, raw.as_deref())?;
     Ok(Json(record_view(entry, &app, now_millis())).into_response())
+}
+
+/// One record of an agent id. The same id from several publishers: `publisher=<PeerId>` in the query
+/// picks one; without it this node's own comes first, then the smallest PeerId.
+pub fn pick<'a>(snapshot: &'a Snapshot, id: &str, query: Option<&str>) -> Result<&'a Arc<Entry>, ApiError> {
+    let publisher = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "publisher")
+        .map(|(_, v)| v.into_owned());
+    let found = snapshot.by_agent_id(id);
+    let entry = match &publisher {
+        Some(p) => found.into_iter().find(|e| e.key.publisher.to_base58() == *p),
+        None => found.iter().find(|e| e.is_local()).or(found.first()).copied(),
+    };
+    entry.ok_or_else(|| match publisher {
+        Some(p) => ApiError::NotFound(format!("agent `{id}` from publisher `{p}`")),
+        None => ApiError::NotFound(format!("agent `{id}`")),
+    })
 }
 
 pub async fn remove(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {

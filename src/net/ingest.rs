@@ -354,7 +354,7 @@ mod tests {
     fn card_msg(key: &Keypair, id: &str, seq: u64) -> Vec<u8> {
         let json =
             format!(r#"{{"agent_id":"{id}","base_url":"http://127.0.0.1:1","skills":[{{"id":"s"}}]}}"#);
-        let card = AgentCard::from_json(json.as_bytes()).unwrap();
+        let card = AgentCard::from_json(json.as_bytes()).unwrap().signed(key);
         wire::seal_card(
             key,
             &CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() },

@@ -443,6 +443,7 @@ mod tests {
     }
 
     fn signed(key: &Keypair, card: &AgentCard, seq: u64) -> Update {
+        let card = &card.clone().signed(key);
         let body = CardBody {
             agent_id: card.agent_id.clone(),
             seq,

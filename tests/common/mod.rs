@@ -109,6 +109,31 @@ impl TestNode {
     }
 }
 
+/// A mesh node: ephemeral ports, short intervals so that health changes within a test's patience.
+pub fn mesh_config(dir: &Path, bootstrap: Vec<String>) -> Config {
+    Config {
+        listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+        bootstrap,
+        heartbeat_interval: Duration::from_millis(100),
+        degraded_after: Duration::from_millis(600),
+        inactive_after: Duration::from_millis(1200),
+        evict_after: Duration::from_millis(2500),
+        ..config(dir)
+    }
+}
+
+/// The node's first listen address with its PeerId, once it listens.
+pub async fn dial_addr(n: &TestNode) -> String {
+    let peer = n.node.peer_id();
+    let addr = n
+        .wait_for("a listen address", || async {
+            let (_, status) = n.get("/api/v1/mesh/status").await;
+            status["listen_addrs"][0].as_str().map(str::to_owned)
+        })
+        .await;
+    format!("{addr}/p2p/{peer}")
+}
+
 /// The discovery fixture: three agents with capabilities and one without.
 pub fn fixture_cards() -> Vec<Value> {
     vec![

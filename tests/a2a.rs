@@ -1,0 +1,198 @@
+//! A2A 1.0 cards over real HTTP: served signed by the publisher on every node, cached by ETag, taken as
+//! input, and polled from an agent's own card URL.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentmesh::card::a2a;
+use agentmesh::card::JwsSignature;
+use axum::http::StatusCode;
+use common::{config, dial_addr, fixture_cards, mesh_config, TestNode};
+use serde_json::{json, Value};
+
+/// Checks a served card's signature as `publisher`'s, over the card as served minus `signatures`.
+fn verify_served(card: &Value, publisher: &str) -> Result<(), a2a::SignatureError> {
+    let sig: JwsSignature = serde_json::from_value(card["signatures"][0].clone()).unwrap();
+    let mut unsigned = card.clone();
+    unsigned.as_object_mut().unwrap().remove("signatures");
+    a2a::verify(&publisher.parse().unwrap(), &a2a::clean(unsigned).unwrap(), &sig)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_serves_the_publishers_signed_card_with_cache_headers() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = TestNode::start(mesh_config(da.path(), Vec::new())).await;
+    let b = TestNode::start(mesh_config(db.path(), vec![dial_addr(&a).await])).await;
+    for card in fixture_cards() {
+        a.register(&card).await;
+    }
+    let publisher = a.node.peer_id().to_base58();
+
+    // With several local agents and none configured, the well-known card is the smallest agent id.
+    let (status, headers, body) = a.get_raw("/.well-known/agent-card.json").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["content-type"], "application/json");
+    assert!(headers["cache-control"].to_str().unwrap().contains("max-age="));
+    let etag = headers["etag"].to_str().unwrap().to_owned();
+    let card: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(card["name"], "alpha-research");
+    for field in [
+        "name",
+        "description",
+        "version",
+        "capabilities",
+        "supportedInterfaces",
+        "defaultInputModes",
+        "defaultOutputModes",
+        "skills",
+        "signatures",
+    ] {
+        assert!(card.get(field).is_some(), "{field} missing from {card}");
+    }
+    verify_served(&card, &publisher).expect("the publisher's signature verifies");
+    let schemas = &card["capabilities"]["extensions"][0]["params"]["skills"]["deep_research"];
+    assert_eq!(schemas["input_schema"]["required"], json!(["query"]), "schemas travel in the extension");
+
+    // A client holding the same version gets 304 and no body.
+    let r = a
+        .http
+        .get(a.url("/.well-known/agent-card.json"))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
+    assert!(r.text().await.unwrap().is_empty());
+
+    // The other node serves the same bytes: the publisher's signature, carried through the mesh.
+    let path = "/api/v1/agents/alpha-research/agent-card.json";
+    let (_, a_headers, on_a) = a.get_raw(path).await;
+    let on_b = b
+        .wait_for("the card on the second node", || async {
+            let (status, headers, body) = b.get_raw(path).await;
+            (status == 200).then_some((headers, body))
+        })
+        .await;
+    assert_eq!(on_b.1, on_a, "served unchanged on every node");
+    assert_eq!(on_b.0["etag"], a_headers["etag"]);
+    assert_eq!(on_b.0["x-agentmesh-publisher"].to_str().unwrap(), publisher);
+
+    // A tampered copy fails verification.
+    let mut tampered: Value = serde_json::from_str(&on_b.1).unwrap();
+    tampered["skills"][0]["description"] = json!("does something else");
+    assert_eq!(verify_served(&tampered, &publisher), Err(a2a::SignatureError::Invalid));
+
+    // No reasoner or skill: no A2A card, and a clear 404.
+    let (status, body) = a.get("/api/v1/agents/delta-empty/agent-card.json").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("needs one"), "{body}");
+    let (status, _) = a.get("/api/v1/agents/nobody/agent-card.json").await;
+    assert_eq!(status, 404);
+    let (status, _) = a.get(&format!("{path}?publisher=12D3KooWNotThisOne")).await;
+    assert_eq!(status, 404);
+    let (status, _) = a.get(&format!("{path}?publisher={publisher}")).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_card_registers_and_is_found_and_the_well_known_agent_is_configurable() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestNode::start(agentmesh::config::Config {
+        well_known_agent: Some("currency-agent".into()),
+        ..config(dir.path())
+    })
+    .await;
+    node.register(&fixture_cards()[0]).await;
+    let a2a_card = json!({
+        "name": "Currency Agent", "description": "Converts currencies", "version": "0.3.1",
+        "supportedInterfaces": [{"url": "http://127.0.0.1:10000/a2a", "protocolBinding": "JSONRPC",
+            "protocolVersion": "1.0"}],
+        "capabilities": {}, "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+        "skills": [{"id": "convert", "name": "Convert", "description": "Convert an amount", "tags": ["fx"]}]
+    });
+    let (status, body) = node.post("/api/v1/agents", &a2a_card).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["agent_id"], "currency-agent");
+    assert_eq!(node.discover_ids("tags=fx").await, ["currency-agent"]);
+
+    let (status, card) = node.get("/.well-known/agent-card.json").await;
+    assert_eq!(status, 200);
+    assert_eq!(card["name"], "Currency Agent", "the configured agent, not the smallest id");
+    assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
+    verify_served(&card, &node.node.peer_id().to_base58()).unwrap();
+
+    let (status, body) = node.post("/api/v1/agents", &json!({"name": "x", "skills": [{"id": 1}]})).await;
+    assert_eq!(status, 400, "{body}");
+}
+
+async fn version(node: &TestNode) -> Option<String> {
+    let (status, body) = node.get("/api/v1/agents/poller").await;
+    (status == 200).then(|| body["card"]["version"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A local agent's own card server: its card can be changed, and it can fail.
+#[derive(Clone)]
+struct AgentServer {
+    card: Arc<Mutex<Option<Value>>>,
+}
+
+async fn serve_card(server: AgentServer) -> String {
+    let app = axum::Router::new().route(
+        "/.well-known/agent-card.json",
+        axum::routing::get(move || {
+            let card = server.card.lock().unwrap().clone();
+            async move {
+                match card {
+                    Some(c) => (StatusCode::OK, axum::Json(c)),
+                    None => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({}))),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/.well-known/agent-card.json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_card_url_is_republished_on_change_and_its_failures_are_reported() {
+    let card = |version: &str| {
+        json!({"name": "Poller", "version": version, "supportedInterfaces": [{"url": "http://127.0.0.1:9",
+            "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}], "capabilities": {},
+            "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+            "skills": [{"id": "poll", "name": "Poll", "description": "Polls", "tags": ["t"]}]})
+    };
+    let server = AgentServer { card: Arc::new(Mutex::new(Some(card("1.0.0")))) };
+    let url = serve_card(server.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestNode::start(agentmesh::config::Config {
+        card_urls: vec![url],
+        card_poll_interval: Duration::from_millis(100),
+        ..config(dir.path())
+    })
+    .await;
+    node.wait_for("the polled card", || async {
+        (version(&node).await.as_deref() == Some("1.0.0")).then_some(())
+    })
+    .await;
+    assert_eq!(node.health_of("poller").await, "active");
+
+    *server.card.lock().unwrap() = Some(card("2.0.0"));
+    node.wait_for("the changed card", || async {
+        (version(&node).await.as_deref() == Some("2.0.0")).then_some(())
+    })
+    .await;
+
+    *server.card.lock().unwrap() = None;
+    node.wait_for("degraded after failed fetches", || async {
+        (node.health_of("poller").await == "degraded").then_some(())
+    })
+    .await;
+    *server.card.lock().unwrap() = Some(card("2.0.0"));
+    node.wait_for("active again", || async { (node.health_of("poller").await == "active").then_some(()) })
+        .await;
+}

@@ -31,6 +31,9 @@ struct Registration {
     description: Option<String>,
     #[serde(default)]
     tags: Option<Vec<String>>,
+    /// The SDK's agent-level tags (`Agent(tags=...)`).
+    #[serde(default)]
+    proposed_tags: Option<Vec<String>>,
     #[serde(default)]
     reasoners: Option<Vec<SdkCapability>>,
     #[serde(default)]
@@ -76,7 +79,7 @@ impl Registration {
     fn into_card(self) -> Result<AgentCard, ApiError> {
         let custom = self.metadata.as_ref().and_then(|m| m.get("custom"));
         let text = |key: &str| custom.and_then(|c| c.get(key)).and_then(Value::as_str).map(str::to_owned);
-        let tags = self.tags.unwrap_or_else(|| {
+        let tags = self.tags.or(self.proposed_tags.filter(|t| !t.is_empty())).unwrap_or_else(|| {
             custom
                 .and_then(|c| c.get("tags"))
                 .and_then(Value::as_array)

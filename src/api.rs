@@ -9,6 +9,7 @@ pub mod agents;
 pub mod body;
 pub mod discovery;
 pub mod error;
+pub mod metrics;
 pub mod render;
 pub mod server;
 
@@ -35,6 +36,7 @@ use error::ApiError;
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub cache: Arc<discovery::ResponseCache>,
+    pub metrics: Arc<metrics::DiscoveryMetrics>,
     /// Bounds discovery cache misses computed at once.
     pub discovery_permits: Arc<tokio::sync::Semaphore>,
     /// Lets non-loopback clients write. `None`: only loopback clients may write.
@@ -51,6 +53,7 @@ impl AppState {
         Self {
             registry,
             cache: Arc::default(),
+            metrics: Arc::default(),
             discovery_permits: Arc::new(tokio::sync::Semaphore::new(DISCOVERY_CONCURRENCY)),
             api_key: api_key.map(Into::into),
             started: Instant::now(),
@@ -87,6 +90,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_writer));
     Router::new()
         .route("/api/v1/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/v1/discovery/capabilities", get(discovery::capabilities))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))

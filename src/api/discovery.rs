@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -20,7 +21,7 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use super::render;
+use super::{metrics, render};
 use super::{now_millis, AppState};
 use crate::defaults::{CACHE_ENTRIES, CACHE_MAX_AGE, CACHE_MAX_BYTES, CACHE_MAX_KEY_BYTES};
 use crate::query::{select, Format, Query};
@@ -33,6 +34,9 @@ struct Cached {
     body: Bytes,
     format: Format,
     expires: Millis,
+    /// Agents that matched, and agents on the page: for the request log.
+    total_agents: usize,
+    returned: usize,
 }
 
 #[derive(Default)]
@@ -88,40 +92,70 @@ impl ResponseCache {
     }
 }
 
-pub async fn capabilities(
-    State(app): State<AppState>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    let query = Query::parse(raw.as_deref().unwrap_or_default())?;
+/// Answers a discovery request, counts it in the metrics and logs "discovery request completed" with
+/// its filters, result counts, duration and whether the cache answered.
+pub async fn capabilities(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    let started = Instant::now();
+    let query = match Query::parse(raw.as_deref().unwrap_or_default()) {
+        Ok(query) => query,
+        Err(error) => {
+            app.metrics.record(None, 400, started.elapsed(), None);
+            tracing::info!(target: "agentmesh::discovery", status = 400, %error, "discovery request refused");
+            return ApiError::from(error).into_response();
+        }
+    };
+    let (response, cached) = match answer(&app, &query).await {
+        Ok((cached, hit)) => (respond(cached.clone(), if hit { "hit" } else { "miss" }), Some((cached, hit))),
+        Err(error) => (error.into_response(), None),
+    };
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    app.metrics.record(Some(&query), status, took, cached.as_ref().map(|(_, hit)| *hit));
+    let (total_agents, returned) = cached.as_ref().map_or((0, 0), |(c, _)| (c.total_agents, c.returned));
+    tracing::info!(
+        target: "agentmesh::discovery",
+        format = metrics::format_name(query.format),
+        status,
+        filters = ?metrics::filter_names(&query),
+        total_agents,
+        returned,
+        duration_ms = took.as_secs_f64() * 1000.0,
+        cache_hit = cached.as_ref().is_some_and(|(_, hit)| *hit),
+        "discovery request completed"
+    );
+    response
+}
+
+/// The rendered answer, and whether it came from the cache.
+async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiError> {
     let key = query.cache_key();
     let now = now_millis();
     let snapshot = app.registry.snapshot();
     let tag = (snapshot.generation, app.registry.health_epoch());
     if let Some(hit) = app.cache.get(&key, tag, now) {
-        return Ok(respond(hit, "hit"));
+        return Ok((hit, true));
     }
     let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
     // Requests for the same page that arrive together (a cache entry just expired under load) queue
     // here; all but the first find the answer the first one cached.
     if let Some(hit) = app.cache.get(&key, tag, now) {
-        return Ok(respond(hit, "hit"));
+        return Ok((hit, true));
     }
-    let format = query.format;
     // Tens of microseconds to milliseconds of CPU: let the runtime move other tasks off this worker.
-    let (body, valid_until) = off_the_worker(|| {
-        let sel = select(&snapshot.entries, &query, now, app.registry.thresholds());
+    let (body, valid_until, total_agents, returned) = off_the_worker(|| {
+        let sel = select(&snapshot.entries, query, now, app.registry.thresholds());
         let body = match query.format {
-            Format::Json => render::json::render(&sel, &query, now),
+            Format::Json => render::json::render(&sel, query, now),
             Format::Compact => render::compact::render(&sel, now),
-            Format::Xml => render::xml::render(&sel, &query, now),
+            Format::Xml => render::xml::render(&sel, query, now),
         };
-        (body, sel.valid_until)
+        (body, sel.valid_until, sel.total_agents, sel.page.len())
     });
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
-    let cached = Cached { body: Bytes::from(body), format, expires };
+    let cached = Cached { body: Bytes::from(body), format: query.format, expires, total_agents, returned };
     app.cache.put(key, tag, cached.clone(), now);
-    Ok(respond(cached, "miss"))
+    Ok((cached, false))
 }
 
 /// Runs CPU-bound work without starving the multi-threaded runtime (`block_in_place`); inline on a

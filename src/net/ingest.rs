@@ -168,7 +168,7 @@ fn open(
     counters: &Counters,
 ) -> Result<wire::Verified, MessageAcceptance> {
     let verified = wire::open(data).map_err(|error| {
-        if error == WireError::BadSignature {
+        if matches!(error, WireError::BadSignature | WireError::BadA2aSignature(_)) {
             counters.update(|c| c.signature_failures += 1);
         }
         tracing::debug!(%from, %error, "rejected message");

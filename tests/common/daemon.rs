@@ -22,6 +22,8 @@ pub struct Daemon {
     pub peer_id: PeerId,
     /// The "store opened" log event: what the store held at start.
     pub store_opened: Value,
+    /// Log lines printed after start, for tests that read them (kept in memory otherwise).
+    logs: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -77,13 +79,13 @@ impl Daemon {
             }
             printed.push(line);
         };
-        // Keep draining the log so the daemon never blocks on a full pipe.
-        std::thread::spawn(move || while rx.recv().is_ok() {});
+        // The reader thread keeps draining the pipe, so the daemon never blocks on it.
         Ok(Daemon {
             child,
             http: format!("http://{}", started["http_addr"].as_str().unwrap()),
             peer_id: started["peer_id"].as_str().unwrap().parse().unwrap(),
             store_opened,
+            logs: std::sync::Mutex::new(rx),
             _dir: None,
         })
     }
@@ -96,6 +98,20 @@ impl Daemon {
     pub async fn register(&self, card: &Value) -> reqwest::Response {
         let url = format!("{}/api/v1/agents", self.http);
         reqwest::Client::new().post(url).json(card).send().await.unwrap()
+    }
+
+    /// The next JSON log event (after those already read) for which `matches` holds.
+    pub fn wait_log(&self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        let logs = self.logs.lock().unwrap();
+        let start = Instant::now();
+        loop {
+            let left = DEADLINE.saturating_sub(start.elapsed());
+            let line = logs.recv_timeout(left).unwrap_or_else(|_| panic!("no log event: {what}"));
+            let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if matches(&event) {
+                return event;
+            }
+        }
     }
 
     pub async fn status(&self) -> Value {

@@ -9,6 +9,7 @@ pub mod agents;
 pub mod body;
 pub mod discovery;
 pub mod error;
+pub mod events;
 pub mod metrics;
 pub mod render;
 pub mod server;
@@ -26,7 +27,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::defaults::{DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES};
+use crate::defaults::{DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES, MAX_WATCHERS};
 use crate::registry::health::Millis;
 use crate::registry::Registry;
 use error::ApiError;
@@ -37,6 +38,10 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     pub cache: Arc<discovery::ResponseCache>,
     pub metrics: Arc<metrics::DiscoveryMetrics>,
+    /// Registry change events for watch streams.
+    pub watch: Arc<crate::watch::Watch>,
+    /// Bounds open watch streams.
+    pub watchers: Arc<tokio::sync::Semaphore>,
     /// Bounds discovery cache misses computed at once.
     pub discovery_permits: Arc<tokio::sync::Semaphore>,
     /// Lets non-loopback clients write. `None`: only loopback clients may write.
@@ -50,10 +55,20 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(registry: Arc<Registry>, api_key: Option<String>) -> Self {
+        let now = now_millis();
+        // Ids start at the start time in microseconds, so they keep increasing across restarts.
+        let watch = Arc::new(crate::watch::Watch::new(
+            &registry.snapshot().entries,
+            now,
+            registry.thresholds(),
+            now * 1000,
+        ));
         Self {
             registry,
             cache: Arc::default(),
             metrics: Arc::default(),
+            watch,
+            watchers: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHERS)),
             discovery_permits: Arc::new(tokio::sync::Semaphore::new(DISCOVERY_CONCURRENCY)),
             api_key: api_key.map(Into::into),
             started: Instant::now(),
@@ -92,6 +107,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/discovery/capabilities", get(discovery::capabilities))
+        .route("/api/v1/discovery/events", get(events::events))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))
         .route("/api/v1/agents/{id}/agent-card.json", get(a2a::agent_card))

@@ -26,6 +26,8 @@ pub const PROBE_PATH: &str = "/health";
 pub const CARD_POLL_INTERVAL: Duration = Duration::from_secs(10);
 /// `Cache-Control: max-age` of served A2A cards: a card changes only when its agent re-registers.
 pub const A2A_CARD_MAX_AGE: Duration = Duration::from_secs(30);
+/// Most watch streams (`/api/v1/discovery/events`) open at once; each holds a connection.
+pub const MAX_WATCHERS: usize = 1024;
 /// Whether mDNS discovery is on.
 pub const MDNS: bool = true;
 

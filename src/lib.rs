@@ -32,4 +32,5 @@ pub mod node;
 pub mod probe;
 pub mod query;
 pub mod registry;
+pub mod watch;
 pub mod wire;

@@ -128,12 +128,12 @@ impl Node {
         if !http_addr.ip().is_loopback() && config.api_key.is_none() {
             tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
         }
-        let app = api::router(
-            AppState::new(registry.clone(), config.api_key.clone())
-                .with_net(net.clone())
-                .with_well_known_agent(config.well_known_agent.clone()),
-        );
+        let state = AppState::new(registry.clone(), config.api_key.clone())
+            .with_net(net.clone())
+            .with_well_known_agent(config.well_known_agent.clone());
         let cancel = CancellationToken::new();
+        tokio::spawn(crate::watch::run(registry.clone(), state.watch.clone(), cancel.clone()));
+        let app = api::router(state);
         if !config.card_urls.is_empty() {
             tokio::spawn(crate::probe::poll_cards(
                 registry.clone(),

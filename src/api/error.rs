@@ -27,6 +27,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("not implemented by this daemon")]
     NotImplemented,
+    /// A bounded resource is exhausted (watch streams): try again later.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error")]
     Internal { request_id: String },
     /// The data directory cannot be written (full disk, read-only): nothing was registered.
@@ -107,6 +110,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::NotImplemented => {
                 (StatusCode::NOT_IMPLEMENTED, json!({"error": "not_implemented", "message": message}))
+            }
+            ApiError::Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "unavailable", "message": message}))
             }
             ApiError::Storage(_) => (
                 StatusCode::INSUFFICIENT_STORAGE,

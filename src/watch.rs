@@ -1,0 +1,226 @@
+//! Registry change events for `GET /api/v1/discovery/events`: added, updated, health changed, removed.
+//!
+//! Events are found by comparing views rather than by hooking every writer: a task compares the
+//! current snapshot and every agent's derived health with what it saw last ([`diff`], pure), every
+//! [`WATCH_TICK`]. Health changes by age alone (a silent agent going degraded, then inactive), so it has
+//! to be looked at over time anyway, and one comparison covers local registrations, gossip, sync,
+//! eviction and tombstones alike. The cost is O(view) per tick: well under a millisecond at 10,000
+//! agents.
+//!
+//! The last [`WATCH_BUFFER`] events are kept, so that a client that reconnects with `Last-Event-ID`
+//! resumes where it left off. Ids are integers that increase across restarts (they start at the start
+//! time in microseconds): an id this node cannot resume from (older than the buffer, or from before a
+//! restart) gets the client a `reset` and the current view instead.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::registry::health::{Health, Millis, Thresholds};
+use crate::registry::{Entry, Registry};
+
+/// How often the view is compared with the last one seen.
+pub const WATCH_TICK: Duration = Duration::from_millis(250);
+/// Events kept for clients that resume with `Last-Event-ID`.
+pub const WATCH_BUFFER: usize = 4096;
+/// Live events a subscriber may fall behind by before its stream is closed (it then resumes).
+pub const WATCH_CHANNEL: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Added,
+    Updated,
+    HealthChanged,
+    Removed,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Added => "added",
+            Kind::Updated => "updated",
+            Kind::HealthChanged => "health_changed",
+            Kind::Removed => "removed",
+        }
+    }
+}
+
+/// One change to one record. `entry` is the record after the change (before it, for `Removed`).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub id: u64,
+    pub kind: Kind,
+    pub entry: Arc<Entry>,
+    pub health: Health,
+    /// The health before the change, when the record was known before.
+    pub previous: Option<Health>,
+    pub at: Millis,
+}
+
+/// What the watcher saw last: every record with its derived health, in snapshot order.
+pub type View = Vec<(Arc<Entry>, Health)>;
+
+/// The changes from `prev` to `next` (both in snapshot order, `(agent_id, publisher)`) at `now`, and
+/// the new view. Pure.
+pub fn diff(prev: &View, next: &[Arc<Entry>], now: Millis, t: &Thresholds) -> (Vec<Change>, View) {
+    let mut changes = Vec::new();
+    let mut view = Vec::with_capacity(next.len());
+    let (mut i, mut j) = (0, 0);
+    loop {
+        let order = match (prev.get(i), next.get(j)) {
+            (None, None) => break,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((p, _)), Some(n)) => p.key.cmp(&n.key),
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                let (p, health) = &prev[i];
+                changes.push(Change {
+                    kind: Kind::Removed,
+                    entry: p.clone(),
+                    health: *health,
+                    previous: Some(*health),
+                });
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                let n = &next[j];
+                let health = n.health(now, t);
+                changes.push(Change { kind: Kind::Added, entry: n.clone(), health, previous: None });
+                view.push((n.clone(), health));
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                let ((p, before), n) = (&prev[i], &next[j]);
+                let health = n.health(now, t);
+                let kind = if p.seq != n.seq {
+                    Some(Kind::Updated)
+                } else {
+                    (health != *before).then_some(Kind::HealthChanged)
+                };
+                if let Some(kind) = kind {
+                    changes.push(Change { kind, entry: n.clone(), health, previous: Some(*before) });
+                }
+                view.push((n.clone(), health));
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    (changes, view)
+}
+
+/// A change found by [`diff`], before it gets an id.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub kind: Kind,
+    pub entry: Arc<Entry>,
+    pub health: Health,
+    pub previous: Option<Health>,
+}
+
+struct Inner {
+    /// Id of the last event (the first event gets `first_id + 1`).
+    last_id: u64,
+    ring: VecDeque<Arc<Event>>,
+    view: View,
+}
+
+/// The event log and its live feed.
+pub struct Watch {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+/// What a new subscriber gets: where to start, and the live feed from there on.
+pub struct Subscription {
+    pub start: Start,
+    /// Id of the last event already covered by `start`.
+    pub head: u64,
+    pub live: broadcast::Receiver<Arc<Event>>,
+}
+
+pub enum Start {
+    /// The events after the client's `Last-Event-ID`.
+    Resume(Vec<Arc<Event>>),
+    /// The current view: the client had no id, or one this node cannot resume from (`reset`).
+    View { view: View, reset: bool },
+}
+
+impl Watch {
+    /// Starts from `entries` as they are, without events; ids start at `first_id`.
+    pub fn new(entries: &[Arc<Entry>], now: Millis, t: &Thresholds, first_id: u64) -> Self {
+        let view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
+        let (tx, _) = broadcast::channel(WATCH_CHANNEL);
+        Self { inner: Mutex::new(Inner { last_id: first_id, ring: VecDeque::new(), view }), tx }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Compares `entries` with the last view, records and sends what changed. Returns how many events.
+    pub fn advance(&self, entries: &[Arc<Entry>], now: Millis, t: &Thresholds) -> usize {
+        let mut inner = self.lock();
+        let (changes, view) = diff(&inner.view, entries, now, t);
+        inner.view = view;
+        let count = changes.len();
+        for c in changes {
+            inner.last_id += 1;
+            let event = Arc::new(Event {
+                id: inner.last_id,
+                kind: c.kind,
+                entry: c.entry,
+                health: c.health,
+                previous: c.previous,
+                at: now,
+            });
+            if inner.ring.len() == WATCH_BUFFER {
+                inner.ring.pop_front();
+            }
+            inner.ring.push_back(event.clone());
+            // No subscriber is not an error.
+            let _ = self.tx.send(event);
+        }
+        count
+    }
+
+    /// Subscribes, resuming after `last_event_id` when the buffer still holds what followed it.
+    pub fn subscribe(&self, last_event_id: Option<u64>) -> Subscription {
+        let inner = self.lock();
+        let live = self.tx.subscribe();
+        let head = inner.last_id;
+        let oldest_resumable = inner.ring.front().map_or(head, |e| e.id - 1);
+        let start = match last_event_id {
+            Some(id) if id >= oldest_resumable && id <= head => {
+                Start::Resume(inner.ring.iter().filter(|e| e.id > id).cloned().collect())
+            }
+            other => Start::View { view: inner.view.clone(), reset: other.is_some() },
+        };
+        Subscription { start, head, live }
+    }
+}
+
+/// Keeps `watch` up to date with the registry until `cancel`.
+pub async fn run(registry: Arc<Registry>, watch: Arc<Watch>, cancel: CancellationToken) {
+    let mut ticker = tokio::time::interval(WATCH_TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let snapshot = registry.snapshot();
+        let events = watch.advance(&snapshot.entries, crate::api::now_millis(), registry.thresholds());
+        if events > 0 {
+            tracing::debug!(events, "registry changes");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -34,6 +34,106 @@ pub enum Command {
         #[arg(long, env = "AGENTMESH_API", default_value = DEFAULT_API)]
         api: String,
     },
+    /// Find reasoners and skills in a running daemon's view (the discovery filters as flags).
+    Discover(DiscoverArgs),
+    /// List every agent in a running daemon's view with its health and publisher.
+    Agents(AgentsArgs),
+    /// Offline card tools.
+    #[command(subcommand)]
+    Card(CardCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CardCommand {
+    /// Check a card file (agentmesh or A2A) against every rule the daemon applies, and the signature
+    /// it carries when its key id is a PeerId. Exits non-zero when it is not valid.
+    Validate { file: PathBuf },
+    /// Sign a card file with this node's key and print it (an A2A card by default).
+    Sign {
+        file: PathBuf,
+        /// Data directory holding the node's identity key (created if missing).
+        #[arg(long, env = "AGENTMESH_DATA_DIR", default_value = defaults::DATA_DIR)]
+        data_dir: PathBuf,
+        /// Output form.
+        #[arg(long, value_enum, default_value_t = CardFormat::A2a)]
+        format: CardFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CardFormat {
+    /// The A2A 1.0 card with its `signatures`, as the daemon serves it.
+    A2a,
+    /// The agentmesh card with its `a2a_signature`.
+    Agentmesh,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// One row per reasoner and skill.
+    Table,
+    Json,
+    Xml,
+    Compact,
+}
+
+#[derive(Debug, Args)]
+pub struct DiscoverArgs {
+    /// Base URL of the daemon's HTTP API.
+    #[arg(long, env = "AGENTMESH_API", default_value = DEFAULT_API)]
+    pub api: String,
+    /// Only this agent id (repeatable).
+    #[arg(long = "agent", value_name = "ID")]
+    pub agents: Vec<String>,
+    /// Reasoner id pattern (`*` matches any run of characters).
+    #[arg(long, value_name = "PATTERN")]
+    pub reasoner: Option<String>,
+    /// Skill id pattern.
+    #[arg(long, value_name = "PATTERN")]
+    pub skill: Option<String>,
+    /// Tag pattern (repeatable: any of them).
+    #[arg(long = "tag", value_name = "PATTERN")]
+    pub tags: Vec<String>,
+    /// active, degraded, inactive or unknown.
+    #[arg(long, value_name = "HEALTH")]
+    pub health: Option<String>,
+    /// Include input schemas.
+    #[arg(long)]
+    pub input_schema: bool,
+    /// Include output schemas.
+    #[arg(long)]
+    pub output_schema: bool,
+    /// Include examples.
+    #[arg(long)]
+    pub examples: bool,
+    /// Leave descriptions out.
+    #[arg(long)]
+    pub no_descriptions: bool,
+    /// Agents per page (0-500; the daemon's default is 100).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Agents to skip.
+    #[arg(long)]
+    pub offset: Option<u32>,
+    /// Output: a readable table, or the daemon's json, xml or compact answer.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsArgs {
+    /// Base URL of the daemon's HTTP API.
+    #[arg(long, env = "AGENTMESH_API", default_value = DEFAULT_API)]
+    pub api: String,
+    /// Agents per page (0-1000).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Agents to skip.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
+    /// Print the daemon's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where the CLI client finds the daemon by default.

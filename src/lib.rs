@@ -3,27 +3,34 @@
 //! # Layout
 //!
 //! - [`cli`], [`config`], [`defaults`]: the command line, layered settings and every default and limit.
+//! - [`client`]: the command-line client of a running daemon (`discover`, `agents`, `peers`) and the
+//!   offline card tools (`card validate`, `card sign`).
 //! - [`identity`]: the node's Ed25519 keypair (PeerId), created once in the data directory.
-//! - [`card`]: the agent card model and its validation; [`card::held`], the compact form the view keeps.
+//! - [`card`]: the agent card model and its validation; [`card::held`], the compact form the view keeps;
+//!   [`card::a2a`], the A2A 1.0 view, its JWS signature, and A2A cards as input.
 //! - [`registry`]: the single owner of the view: sled persistence ([`registry::store`]), pure health
 //!   derivation ([`registry::health`]), the immutable snapshot that queries read, and what the mesh
 //!   needs (tombstones, remote heartbeats, eviction, digests).
 //! - [`query`]: discovery parameters, wildcard matching, filtering and pagination (pure).
 //! - [`api`]: the axum router: discovery (json, xml, compact, with a response cache), native and
-//!   AgentField registration, errors as JSON.
+//!   AgentField registration, A2A cards, the watch stream, metrics, the OpenAPI document, errors as JSON.
 //! - [`wire`]: the mesh wire format: signed, versioned CBOR envelopes for cards, heartbeats and
 //!   tombstones; verification before decoding (pure).
 //! - [`net`]: the mesh: one event-loop task owns the libp2p swarm (gossipsub, Kademlia, mDNS, identify,
 //!   ping, request-response sync); an ingest worker verifies and applies what peers send.
-//! - [`probe`]: optional liveness probes of local agents that do not heartbeat for themselves.
+//! - [`probe`]: optional liveness probes of local agents that do not heartbeat for themselves, and the
+//!   polling of agents' own card URLs.
+//! - [`watch`]: registry change events (added, updated, health changed, removed) for the watch stream.
 //! - [`node`]: the facade that starts all of the above and owns shutdown.
 //!
-//! Tasks: the HTTP server, the mesh event loop, the ingest worker. Writers are serialised by the
+//! Tasks: the HTTP server, the mesh event loop, the ingest worker, the watcher, and (when configured)
+//! probes and card-URL polling. Writers are serialised by the
 //! registry; readers never block.
 
 pub mod api;
 pub mod card;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod defaults;
 pub mod identity;

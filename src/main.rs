@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use agentmesh::cli::{Cli, Command};
+use agentmesh::cli::{CardCommand, Cli, Command};
 use agentmesh::config::LogFormat;
 use agentmesh::identity::Identity;
 use agentmesh::node::Node;
@@ -40,7 +40,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", identity.peer_id());
             Ok(())
         }
-        Command::Peers { api } => peers(&api).await,
+        Command::Peers { api } => print(agentmesh::client::peers(&api).await),
+        Command::Discover(args) => print(agentmesh::client::discover(&args).await),
+        Command::Agents(args) => print(agentmesh::client::agents(&args).await),
+        Command::Card(CardCommand::Validate { file }) => print(agentmesh::client::validate(&file)),
+        Command::Card(CardCommand::Sign { file, data_dir, format }) => {
+            print(agentmesh::client::sign(&file, &data_dir, format))
+        }
         Command::NetworkKey => {
             let mut key = [0u8; 32];
             rand::fill(&mut key);
@@ -63,42 +69,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// `agentmesh peers`: the daemon's mesh status and its connected peers, readable.
-async fn peers(api: &str) -> anyhow::Result<()> {
-    let api = api.trim_end_matches('/');
-    let get = |path: &str| {
-        let url = format!("{api}{path}");
-        async move {
-            let response =
-                reqwest::get(&url).await.with_context(|| format!("cannot reach the daemon at {url}"))?;
-            let status = response.status();
-            let body: serde_json::Value =
-                response.json().await.with_context(|| format!("{url}: not JSON"))?;
-            anyhow::ensure!(status.is_success(), "{url}: {status}: {body}");
-            anyhow::Ok(body)
-        }
-    };
-    let status = get("/api/v1/mesh/status").await?;
-    let peers = get("/api/v1/mesh/peers").await?;
-    let text = |v: &serde_json::Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
-    println!("peer id        {}", text(&status["peer_id"]));
-    for addr in status["listen_addrs"].as_array().into_iter().flatten() {
-        println!("listening on   {}", text(addr));
-    }
-    println!(
-        "peers          {} connected, {} in the routing table",
-        status["connected_peers"], status["routing_table_size"]
-    );
-    println!("gossip mesh    {}", status["mesh_peers"]);
-    println!("records        {}", status["records"]);
-    println!("last sync      {}", text(&status["last_sync"]));
-    println!("rejected       {}", status["rejected"]);
-    println!();
-    println!("{:<54} {:>9}  ADDRESSES", "PEER", "RTT");
-    for peer in peers["peers"].as_array().into_iter().flatten() {
-        let rtt = peer["rtt_ms"].as_f64().map_or("-".to_owned(), |ms| format!("{ms:.2} ms"));
-        let addrs: Vec<String> = peer["addresses"].as_array().into_iter().flatten().map(text).collect();
-        println!("{:<54} {:>9}  {}", text(&peer["peer_id"]), rtt, addrs.join(" "));
+fn print(output: anyhow::Result<String>) -> anyhow::Result<()> {
+    let text = output?;
+    print!("{text}");
+    if !text.ends_with('\n') {
+        println!();
     }
     Ok(())
 }

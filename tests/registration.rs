@@ -63,7 +63,7 @@ async fn agentfield_sdk_lifecycle() {
     assert_eq!(status, 404);
 
     let (status, _) = n.post("/api/v1/did/register", &json!({})).await;
-    assert_eq!(status, 501, "the SDK tolerates 404/501 here");
+    assert_eq!(status, 404, "the SDK tolerates 404/501 here");
 
     let (status, _) =
         n.post("/api/v1/nodes/sdk-agent/shutdown", &json!({"reason": "bye", "timeout_seconds": 5})).await;

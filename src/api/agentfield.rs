@@ -184,8 +184,10 @@ pub async fn shutdown(
     deregister(&app, &id).await
 }
 
+/// DIDs are not offered: 404 (the SDK carries on without one, as it does against a control plane
+/// that has DIDs off).
 pub async fn did_register() -> ApiError {
-    ApiError::NotImplemented
+    ApiError::NotFound("DID registration (not offered by this daemon)".into())
 }
 
 fn lifecycle(health: Health, reported: Reported) -> &'static str {
@@ -202,7 +204,7 @@ fn node_json(e: &Entry, app: &AppState, now: u64) -> Value {
     let health = e.health(now, app.registry.thresholds());
     let mut node: Value = serde_json::from_str(e.card.json()).unwrap_or_else(|_| json!({}));
     if let Some(fields) = node.as_object_mut() {
-        if let Some(id) = fields.remove("agent_id") {
+        if let Some(id) = fields.shift_remove("agent_id") {
             fields.insert("id".into(), id);
         }
         fields.insert("health_status".into(), health.as_str().into());

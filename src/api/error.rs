@@ -25,8 +25,6 @@ pub enum ApiError {
     Forbidden(String),
     #[error("writes need a loopback client or a valid API key")]
     Unauthorized,
-    #[error("not implemented by this daemon")]
-    NotImplemented,
     /// A bounded resource is exhausted (watch streams): try again later.
     #[error("{0}")]
     Unavailable(String),
@@ -107,9 +105,6 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized => {
                 (StatusCode::UNAUTHORIZED, json!({"error": "unauthorized", "message": message}))
-            }
-            ApiError::NotImplemented => {
-                (StatusCode::NOT_IMPLEMENTED, json!({"error": "not_implemented", "message": message}))
             }
             ApiError::Unavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "unavailable", "message": message}))

@@ -237,7 +237,13 @@ impl AgentCard {
                 }
             }
         }
-        let size = self.to_json().len();
+        // The A2A signature is left out of the size, so that signing a valid card never makes it invalid
+        // (the signature has its own bound, `MAX_JWS_PART`).
+        let signature = self
+            .a2a_signature
+            .as_ref()
+            .map_or(0, |s| serde_json::to_vec(s).map_or(0, |json| json.len()) + r#","a2a_signature":"#.len());
+        let size = self.to_json().len() - signature;
         if size > MAX_CARD_BYTES {
             return Err(CardError::TooLarge { size, max: MAX_CARD_BYTES });
         }
@@ -467,6 +473,25 @@ mod tests {
         assert!(check_id("x", &"a".repeat(MAX_ID_LEN)).is_ok());
         assert!(check_id("x", &"a".repeat(MAX_ID_LEN + 1)).is_err());
         assert!(check_id("x", "a:b").is_err());
+    }
+
+    #[test]
+    fn signing_a_card_at_the_size_limit_keeps_it_valid() {
+        let key = libp2p::identity::Keypair::ed25519_from_bytes([1u8; 32]).unwrap();
+        let base = r#"{"agent_id":"a","base_url":"http://x","description":"","skills":[{"id":"s"}]}"#;
+        let one = base.replace(r#""description":"""#, r#""description":"x""#);
+        let fill = MAX_CARD_BYTES - AgentCard::from_json(one.as_bytes()).unwrap().to_json().len() + 1;
+        let json = base.replace(r#""description":"""#, &format!(r#""description":"{}""#, "x".repeat(fill)));
+        let card = AgentCard::from_json(json.as_bytes()).unwrap();
+        assert_eq!(card.to_json().len(), MAX_CARD_BYTES);
+        let signed = card.signed(&key);
+        assert!(signed.to_json().len() > MAX_CARD_BYTES);
+        let stored = signed.to_json();
+        let again = AgentCard::from_json(&stored).expect("a signed card at the limit is still accepted");
+        assert_eq!(again.to_json(), stored);
+        let mut over = json.clone();
+        over.insert(over.find("xxx").unwrap(), 'x');
+        assert!(matches!(AgentCard::from_json(over.as_bytes()), Err(CardError::TooLarge { .. })));
     }
 
     #[test]

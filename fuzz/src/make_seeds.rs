@@ -32,6 +32,9 @@ fn main() {
         write("card_validate", name, text.as_bytes());
         write("xml_render", name, text.as_bytes());
         let card = AgentCard::from_json(text.as_bytes()).expect("sample cards are valid").signed(&key);
+        if let Some(a2a) = agentmesh::card::a2a::served(&card) {
+            write("card_validate", &format!("a2a-{name}"), &serde_json::to_vec(&a2a).expect("JSON"));
+        }
         let body = CardBody { agent_id: card.agent_id.clone(), seq: 3, card: String::from_utf8(card.to_json()).expect("utf-8") };
         let sealed = wire::seal_card(&key, &body);
         write("wire_open", &format!("card-{name}"), &[[0u8].as_slice(), &sealed].concat());

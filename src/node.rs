@@ -19,6 +19,29 @@ use crate::identity::{Identity, IdentityError};
 use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
 
+/// A periodic timer that ends with `cancel`, for the node's background loops:
+/// `while ticks.next().await { ... }`. The first tick is at once; a late tick is delayed, not bunched.
+pub(crate) struct Ticks {
+    interval: tokio::time::Interval,
+    cancel: CancellationToken,
+}
+
+impl Ticks {
+    pub(crate) fn new(period: Duration, cancel: CancellationToken) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { interval, cancel }
+    }
+
+    /// Waits for the next tick: `false` once the node is stopping.
+    pub(crate) async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = self.interval.tick() => true,
+        }
+    }
+}
+
 /// How long shutdown waits for open HTTP requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::now_millis;
 use crate::card::AgentCard;
 use crate::defaults::MAX_BODY_BYTES;
+use crate::node::Ticks;
 use crate::registry::health::Reported;
 use crate::registry::{Applied, Liveness, Origin, Registry};
 
@@ -34,13 +35,8 @@ pub async fn run(registry: Arc<Registry>, interval: Duration, path: String, canc
         }
     };
     let mut failures: HashMap<String, u32> = HashMap::new();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
+    let mut ticks = Ticks::new(interval, cancel);
+    while ticks.next().await {
         let snapshot = registry.snapshot();
         let targets: Vec<(String, String)> = snapshot
             .entries
@@ -110,13 +106,8 @@ pub async fn poll_cards(
     };
     let mut polled: Vec<Polled> =
         urls.into_iter().map(|url| Polled { url, agent_id: None, failures: 0 }).collect();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
+    let mut ticks = Ticks::new(interval, cancel);
+    while ticks.next().await {
         for p in &mut polled {
             match fetch_card(&client, &p.url).await {
                 Ok(card) => {

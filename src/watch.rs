@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use crate::node::Ticks;
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::{Entry, Registry};
 
@@ -207,13 +208,8 @@ impl Watch {
 
 /// Keeps `watch` up to date with the registry until `cancel`.
 pub async fn run(registry: Arc<Registry>, watch: Arc<Watch>, cancel: CancellationToken) {
-    let mut ticker = tokio::time::interval(WATCH_TICK);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
+    let mut ticks = Ticks::new(WATCH_TICK, cancel);
+    while ticks.next().await {
         let snapshot = registry.snapshot();
         let events = watch.advance(&snapshot.entries, crate::api::now_millis(), registry.thresholds());
         if events > 0 {

@@ -117,7 +117,8 @@ pub fn pick<'a>(snapshot: &'a Snapshot, id: &str, query: Option<&str>) -> Result
     let found = snapshot.by_agent_id(id);
     let entry = match &publisher {
         Some(p) => found.into_iter().find(|e| e.key.publisher.to_base58() == *p),
-        None => found.iter().find(|e| e.is_local()).or(found.first()).copied(),
+        // `by_agent_id` puts this node's own record first.
+        None => found.first().copied(),
     };
     entry.ok_or_else(|| match publisher {
         Some(p) => ApiError::NotFound(format!("agent `{id}` from publisher `{p}`")),

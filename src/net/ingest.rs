@@ -378,6 +378,21 @@ mod tests {
         assert_eq!(h.gossip(&forged, &honest).await, MessageAcceptance::Reject);
         assert_eq!((h.rejected("bad_signature"), h.counters.get().signature_failures), (1, 1));
 
+        // Mallory's own valid envelope around the honest publisher's A2A signature (copied from its
+        // card): the A2A signature must be the envelope signer's.
+        let honest_card = AgentCard::from_json(
+            br#"{"agent_id":"m","base_url":"http://127.0.0.1:1","skills":[{"id":"s"}]}"#,
+        )
+        .unwrap()
+        .signed(&honest);
+        let body = CardBody {
+            agent_id: "m".into(),
+            seq: 1,
+            card: String::from_utf8(honest_card.to_json()).unwrap(),
+        };
+        assert_eq!(h.gossip(&wire::seal_card(&mallory, &body), &mallory).await, MessageAcceptance::Reject);
+        assert_eq!((h.rejected("bad_a2a_signature"), h.counters.get().signature_failures), (1, 2));
+
         // A replayed older version, and the same version again, whoever relays them.
         assert_eq!(h.gossip(&card_msg(&honest, "a", 4), &mallory).await, MessageAcceptance::Ignore);
         assert_eq!(h.gossip(&card_msg(&honest, "a", 5), &honest).await, MessageAcceptance::Ignore);

@@ -162,6 +162,7 @@ impl Node {
                 registry.clone(),
                 config.card_urls.clone(),
                 config.card_poll_interval,
+                config.data_dir.clone(),
                 cancel.clone(),
             ));
         }

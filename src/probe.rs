@@ -9,6 +9,7 @@
 //! timeout counts as a failure: `degraded` at once, `offline` after `FAILURES_TO_OFFLINE` in a row.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,6 +88,33 @@ struct Polled {
     failures: u32,
 }
 
+/// Which agent each card URL registered, kept in the data directory: after a restart, an agent whose
+/// URL no longer answers is reported as failing, not vouched for as alive by its stored card.
+pub const CARD_URLS_FILE: &str = "card-urls.json";
+
+fn load_url_agents(data_dir: &Path) -> HashMap<String, String> {
+    let path = data_dir.join(CARD_URLS_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
+            tracing::warn!(path = %path.display(), %error, "unreadable card url file ignored");
+            HashMap::new()
+        }),
+        Err(_) => HashMap::new(),
+    }
+}
+
+fn save_url_agents(data_dir: &Path, map: &HashMap<String, String>) {
+    let path = data_dir.join(CARD_URLS_FILE);
+    let tmp = path.with_extension("json.tmp");
+    let written = serde_json::to_vec(map)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(error) = written {
+        tracing::warn!(path = %path.display(), %error, "card url file not written");
+    }
+}
+
 /// Fetches every card URL each `interval`, until `cancel`. A card (A2A or agentmesh) is registered as a
 /// local agent, so a changed card is republished and an unchanged one writes nothing; the answer is
 /// also the agent's liveness: a failed fetch reports it `degraded`, `offline` after
@@ -95,6 +123,7 @@ pub async fn poll_cards(
     registry: Arc<Registry>,
     urls: Vec<String>,
     interval: Duration,
+    data_dir: PathBuf,
     cancel: CancellationToken,
 ) {
     let client = match reqwest::Client::builder().timeout(interval.min(Duration::from_secs(5))).build() {
@@ -104,8 +133,9 @@ pub async fn poll_cards(
             return;
         }
     };
+    let mut known = load_url_agents(&data_dir);
     let mut polled: Vec<Polled> =
-        urls.into_iter().map(|url| Polled { url, agent_id: None, failures: 0 }).collect();
+        urls.into_iter().map(|url| Polled { agent_id: known.get(&url).cloned(), url, failures: 0 }).collect();
     let mut ticks = Ticks::new(interval, cancel);
     while ticks.next().await {
         for p in &mut polled {
@@ -125,6 +155,10 @@ pub async fn poll_cards(
                     }
                     if let Some(old) = p.agent_id.replace(agent_id.clone()).filter(|old| *old != agent_id) {
                         let _ = registry.deregister_local(&old, now_millis()).await;
+                    }
+                    if known.get(&p.url) != Some(&agent_id) {
+                        known.insert(p.url.clone(), agent_id.clone());
+                        save_url_agents(&data_dir, &known);
                     }
                     p.failures = 0;
                 }

@@ -170,7 +170,7 @@ async fn a_polled_card_url_is_republished_on_change_and_its_failures_are_reporte
     let url = serve_card(server.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let node = TestNode::start(agentmesh::config::Config {
-        card_urls: vec![url],
+        card_urls: vec![url.clone()],
         card_poll_interval: Duration::from_millis(100),
         ..config(dir.path())
     })
@@ -195,4 +195,19 @@ async fn a_polled_card_url_is_republished_on_change_and_its_failures_are_reporte
     *server.card.lock().unwrap() = Some(card("2.0.0"));
     node.wait_for("active again", || async { (node.health_of("poller").await == "active").then_some(()) })
         .await;
+
+    // After a restart with the agent down, its stored card is not vouched for: the node still knows
+    // which agent the URL registered and reports it failing.
+    node.node.shutdown().await.unwrap();
+    *server.card.lock().unwrap() = None;
+    let node = TestNode::start(agentmesh::config::Config {
+        card_urls: vec![url],
+        card_poll_interval: Duration::from_millis(100),
+        ..config(dir.path())
+    })
+    .await;
+    node.wait_for("degraded after the restart", || async {
+        (node.health_of("poller").await == "degraded").then_some(())
+    })
+    .await;
 }

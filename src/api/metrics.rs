@@ -47,7 +47,7 @@ pub struct DiscoveryMetrics {
     filters: [AtomicU64; FILTERS.len()],
 }
 
-/// Which of [`FILTERS`] a query uses, in that order.
+/// Which of the counted filters (`FILTERS`) a query uses, in that order.
 pub fn filters_used(q: &Query) -> [bool; FILTERS.len()] {
     [
         !q.ids.is_empty(),

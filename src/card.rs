@@ -258,6 +258,11 @@ impl AgentCard {
         self
     }
 
+    /// Whether the card has an A2A view (and so must carry an A2A signature): A2A needs a skill.
+    pub fn has_a2a_view(&self) -> bool {
+        !(self.reasoners.is_empty() && self.skills.is_empty())
+    }
+
     /// Checks the card's A2A signature as `publisher`'s: present exactly when the card has an A2A view,
     /// and valid over it.
     pub fn verify_a2a(&self, publisher: &libp2p::PeerId) -> Result<(), a2a::SignatureError> {

@@ -79,7 +79,7 @@ impl JwsSignature {
 /// The A2A card of `card`, without `signatures`, in the form that is signed. `None` when the card has
 /// no reasoner or skill: an A2A card needs at least one skill.
 pub fn view(card: &AgentCard) -> Option<Value> {
-    if card.reasoners.is_empty() && card.skills.is_empty() {
+    if !card.has_a2a_view() {
         return None;
     }
     let mut skills = Vec::new();

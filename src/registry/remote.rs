@@ -685,11 +685,26 @@ mod tests {
             }
             // The registry trusts its callers (the mesh verifies first); the store keeps what it got.
             r.apply(forged, 0).await.unwrap();
+            // A card stored without its A2A signature (a store from before them), envelope intact.
+            let body = CardBody {
+                agent_id: "unsigned".into(),
+                seq: 5,
+                card: String::from_utf8(card("unsigned", "1").to_json()).unwrap(),
+            };
+            let sig = wire::sign_card(&peer, &body);
+            let update = Update::Upsert {
+                publisher: peer.public().to_peer_id(),
+                seq: 5,
+                card: card("unsigned", "1"),
+                origin: Origin::Remote,
+                sig,
+            };
+            r.apply(update, 0).await.unwrap();
             r.register_local(card("mine", "1"), Liveness::Node, 0).await.unwrap();
         }
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         let ids: Vec<_> = r.snapshot().entries.iter().map(|e| e.key.agent_id.clone()).collect();
         assert_eq!(ids, ["good", "mine"]);
-        assert_eq!((report.local, report.remote, report.unreadable), (1, 1, 1));
+        assert_eq!((report.local, report.remote, report.unreadable), (1, 1, 2));
     }
 }

@@ -263,17 +263,11 @@ fn signature_report(card: &AgentCard, raw: &Value) -> anyhow::Result<Vec<String>
     };
     let view = match (a2a::looks_like_a2a(raw), a2a::view(card)) {
         // An A2A file is verified over what it says (less its signatures), as A2A verifiers do.
-        (true, _) => {
-            let mut unsigned = raw.clone();
-            if let Some(map) = unsigned.as_object_mut() {
-                map.remove("signatures");
-            }
-            a2a::clean(unsigned)
-        }
+        (true, _) => a2a::signed_payload(raw),
         (false, view) => view,
     };
     for sig in sigs {
-        let kid = kid_of(&sig).unwrap_or_default();
+        let kid = sig.kid().unwrap_or_default();
         let Ok(publisher) = kid.parse::<libp2p::PeerId>() else {
             lines.push(format!("signature with kid `{kid}`: not a PeerId, not checked"));
             continue;
@@ -287,13 +281,6 @@ fn signature_report(card: &AgentCard, raw: &Value) -> anyhow::Result<Vec<String>
         lines.push("not signed".into());
     }
     Ok(lines)
-}
-
-fn kid_of(sig: &a2a::JwsSignature) -> Option<String> {
-    use base64::Engine as _;
-    let header = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&sig.protected).ok()?;
-    let header: Value = serde_json::from_slice(&header).ok()?;
-    header["kid"].as_str().map(str::to_owned)
 }
 
 /// `agentmesh card sign FILE`: the card signed with this node's key (`DATA_DIR/identity.key`), as an

@@ -15,9 +15,7 @@ use serde_json::{json, Value};
 /// Checks a served card's signature as `publisher`'s, over the card as served minus `signatures`.
 fn verify_served(card: &Value, publisher: &str) -> Result<(), a2a::SignatureError> {
     let sig: JwsSignature = serde_json::from_value(card["signatures"][0].clone()).unwrap();
-    let mut unsigned = card.clone();
-    unsigned.as_object_mut().unwrap().remove("signatures");
-    a2a::verify(&publisher.parse().unwrap(), &a2a::clean(unsigned).unwrap(), &sig)
+    a2a::verify(&publisher.parse().unwrap(), &a2a::signed_payload(card).unwrap(), &sig)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,9 +112,7 @@ async fn cards_are_validated_and_signed_offline() {
     let peer: libp2p::PeerId = stdout(&agentmesh(&["id", "--data-dir", &data]).await).trim().parse().unwrap();
     let a2a_card: Value = serde_json::from_str(&signed).unwrap();
     let sig: JwsSignature = serde_json::from_value(a2a_card["signatures"][0].clone()).unwrap();
-    let mut unsigned = a2a_card.clone();
-    unsigned.as_object_mut().unwrap().remove("signatures");
-    a2a::verify(&peer, &a2a::clean(unsigned).unwrap(), &sig).unwrap();
+    a2a::verify(&peer, &a2a::signed_payload(&a2a_card).unwrap(), &sig).unwrap();
     std::fs::write(path("signed.json"), &signed).unwrap();
     let checked = stdout(&agentmesh(&["card", "validate", &path("signed.json")]).await);
     assert!(

@@ -60,6 +60,18 @@ pub struct JwsSignature {
 }
 
 impl JwsSignature {
+    /// The decoded protected header.
+    pub fn header(&self) -> Result<Value, SignatureError> {
+        let bytes =
+            URL_SAFE_NO_PAD.decode(&self.protected).map_err(|e| SignatureError::Header(e.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|e| SignatureError::Header(e.to_string()))
+    }
+
+    /// The `kid` of the protected header, if it has one.
+    pub fn kid(&self) -> Option<String> {
+        self.header().ok()?.get("kid").and_then(Value::as_str).map(str::to_owned)
+    }
+
     pub(super) fn validate(&self) -> Result<(), CardError> {
         for (part, name) in [(&self.protected, "protected"), (&self.signature, "signature")] {
             let ok = !part.is_empty()
@@ -192,10 +204,7 @@ pub fn sign(key: &Keypair, view: &Value) -> JwsSignature {
 /// Checks that `sig` is `publisher`'s EdDSA signature over `view`. The key comes from the PeerId the
 /// mesh envelope was verified against, never from the header.
 pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<(), SignatureError> {
-    let header =
-        URL_SAFE_NO_PAD.decode(&sig.protected).map_err(|e| SignatureError::Header(e.to_string())).and_then(
-            |b| serde_json::from_slice::<Value>(&b).map_err(|e| SignatureError::Header(e.to_string())),
-        )?;
+    let header = sig.header()?;
     if header.get("alg").and_then(Value::as_str) != Some(JWS_ALG) {
         return Err(SignatureError::Algorithm);
     }
@@ -209,6 +218,14 @@ pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<()
     } else {
         Err(SignatureError::Invalid)
     }
+}
+
+/// What the `signatures` of an A2A card as received cover: the card without them, with empty values
+/// removed, as A2A verifiers compute it. Verify over this, never over a card rebuilt from a model.
+pub fn signed_payload(card: &Value) -> Option<Value> {
+    let mut unsigned = card.clone();
+    unsigned.as_object_mut()?.remove("signatures");
+    clean(unsigned)
 }
 
 /// The A2A card as served: the view plus its `signatures`.

@@ -156,10 +156,10 @@ pub struct RunArgs {
     pub http: Option<SocketAddr>,
     /// libp2p listen multiaddr (repeatable; comma-separated in the variable).
     #[arg(long, env = "AGENTMESH_LISTEN", value_name = "MULTIADDR", value_delimiter = ',')]
-    pub listen: Vec<String>,
+    pub listen: Vec<libp2p::Multiaddr>,
     /// Bootstrap peer multiaddr (repeatable; comma-separated in the variable).
     #[arg(long, env = "AGENTMESH_BOOTSTRAP", value_name = "MULTIADDR", value_delimiter = ',')]
-    pub bootstrap: Vec<String>,
+    pub bootstrap: Vec<libp2p::Multiaddr>,
     /// Turn mDNS discovery off.
     #[arg(long, env = "AGENTMESH_NO_MDNS")]
     pub no_mdns: bool,
@@ -210,7 +210,14 @@ pub struct RunArgs {
         value_name = "PEER_ID",
         value_delimiter = ','
     )]
-    pub allowed_publishers: Vec<String>,
+    pub allowed_publishers: Vec<libp2p::PeerId>,
+    /// Most agents one publisher may have (this node's local registrations included); every node of
+    /// a mesh should use the same value.
+    #[arg(long, env = "AGENTMESH_MAX_AGENTS_PER_PUBLISHER", value_name = "N")]
+    pub max_agents_per_publisher: Option<usize>,
+    /// Remote records held in all (memory: about 4.4 KB each).
+    #[arg(long, env = "AGENTMESH_MAX_REMOTE_RECORDS", value_name = "N")]
+    pub max_remote_records: Option<usize>,
     /// Start even if the store lost local agents it had acknowledged (see SECURITY.md).
     #[arg(long, env = "AGENTMESH_ACCEPT_STORE_LOSS")]
     pub accept_store_loss: bool,
@@ -278,6 +285,12 @@ impl RunArgs {
         if !self.allowed_publishers.is_empty() {
             c.allowed_publishers = self.allowed_publishers.clone();
         }
+        if let Some(v) = self.max_agents_per_publisher {
+            c.max_agents_per_publisher = v;
+        }
+        if let Some(v) = self.max_remote_records {
+            c.max_remote_records = v;
+        }
         if self.accept_store_loss {
             c.accept_store_loss = true;
         }
@@ -335,6 +348,12 @@ mod tests {
 
         let e = run_args(&["run", "--heartbeat-interval", "fast"]).unwrap_err().to_string();
         assert!(e.contains("--heartbeat-interval"), "{e}");
+        let e = run_args(&["run", "--bootstrap", "not-an-addr"]).unwrap_err().to_string();
+        assert!(e.contains("--bootstrap"), "{e}");
+        let e = run_args(&["run", "--allow-publisher", "nobody"]).unwrap_err().to_string();
+        assert!(e.contains("--allow-publisher"), "{e}");
+        let e = run_args(&["run", "--max-remote-records", "5"]).unwrap().resolve().unwrap_err();
+        assert!(e.to_string().contains("max_remote_records"), "{e}");
         let e = run_args(&["run", "--degraded-after", "1s"]).unwrap().resolve().unwrap_err();
         assert!(e.to_string().contains("degraded_after"), "{e}");
     }

@@ -9,11 +9,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use libp2p::Multiaddr;
+use libp2p::{Multiaddr, PeerId};
 use serde::Deserialize;
 
 use crate::defaults;
 use crate::registry::health::Thresholds;
+use crate::registry::Limits;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -43,9 +44,9 @@ pub struct Config {
     /// HTTP API address. Default `127.0.0.1:8080` (loopback only).
     pub http: SocketAddr,
     /// libp2p listen multiaddrs. Default `/ip4/0.0.0.0/tcp/4001`.
-    pub listen: Vec<String>,
+    pub listen: Vec<Multiaddr>,
     /// Peers to join at start (`/ip4/../tcp/../p2p/..`, `/dns4/..`). Default none.
-    pub bootstrap: Vec<String>,
+    pub bootstrap: Vec<Multiaddr>,
     /// mDNS discovery on the LAN. Default on.
     pub mdns: bool,
     /// How often this node announces its agents. Default 2 s.
@@ -87,7 +88,14 @@ pub struct Config {
     pub network_key: Option<PathBuf>,
     /// PeerIds whose agents this node accepts from the mesh (its own always). Default empty: anyone
     /// whose signature verifies.
-    pub allowed_publishers: Vec<String>,
+    pub allowed_publishers: Vec<PeerId>,
+    /// Most agents one publisher may have: this node refuses a local registration past it (409, nothing
+    /// written) and ignores a remote publisher's agents past it. Every node of a mesh should use the
+    /// same value. Default 20,000; at most 250,000.
+    pub max_agents_per_publisher: usize,
+    /// Remote records held in all (memory: about 4.4 KB each); new remote agents beyond it are not
+    /// taken until some leave the view. At least `max_agents_per_publisher`. Default 100,000.
+    pub max_remote_records: usize,
     /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),
     /// continuing with what it holds. Default off: such a store is an error at start.
     pub accept_store_loss: bool,
@@ -98,7 +106,7 @@ impl Default for Config {
         Self {
             data_dir: PathBuf::from(defaults::DATA_DIR),
             http: defaults::HTTP_ADDR.parse().expect("default HTTP address is valid"),
-            listen: vec![defaults::LISTEN_ADDR.to_owned()],
+            listen: vec![defaults::LISTEN_ADDR.parse().expect("default listen address is valid")],
             bootstrap: Vec::new(),
             mdns: defaults::MDNS,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
@@ -115,6 +123,8 @@ impl Default for Config {
             api_key: None,
             network_key: None,
             allowed_publishers: Vec::new(),
+            max_agents_per_publisher: defaults::MAX_AGENTS_PER_PUBLISHER,
+            max_remote_records: defaults::MAX_REMOTE_RECORDS,
             accept_store_loss: false,
         }
     }
@@ -142,6 +152,8 @@ impl fmt::Debug for Config {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("network_key", &self.network_key)
             .field("allowed_publishers", &self.allowed_publishers)
+            .field("max_agents_per_publisher", &self.max_agents_per_publisher)
+            .field("max_remote_records", &self.max_remote_records)
             .field("accept_store_loss", &self.accept_store_loss)
             .finish()
     }
@@ -159,6 +171,10 @@ impl Config {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
+    pub fn limits(&self) -> Limits {
+        Limits { per_publisher: self.max_agents_per_publisher, remote_records: self.max_remote_records }
+    }
+
     pub fn thresholds(&self) -> Thresholds {
         Thresholds { degraded_after: self.degraded_after, inactive_after: self.inactive_after }
     }
@@ -169,12 +185,28 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return invalid("data_dir", "must not be empty".into());
         }
-        for (setting, list) in [("listen", &self.listen), ("bootstrap", &self.bootstrap)] {
-            for addr in list {
-                if let Err(e) = addr.parse::<Multiaddr>() {
-                    return invalid(setting, format!("`{addr}` is not a multiaddr: {e}"));
-                }
+        for addr in &self.bootstrap {
+            let dialable = addr.iter().any(|p| {
+                use libp2p::multiaddr::Protocol::*;
+                matches!(p, Tcp(_) | Udp(_) | Dns(_) | Dns4(_) | Dns6(_) | Dnsaddr(_))
+            });
+            if !dialable {
+                return invalid("bootstrap", format!("`{addr}` names no TCP/UDP port or DNS name to dial"));
             }
+        }
+        let per_publisher = self.max_agents_per_publisher;
+        if !(1..=defaults::MAX_AGENTS_PER_PUBLISHER_CEILING).contains(&per_publisher) {
+            let reason =
+                format!("{per_publisher} must be 1 to {}", defaults::MAX_AGENTS_PER_PUBLISHER_CEILING);
+            return invalid("max_agents_per_publisher", reason);
+        }
+        if !(per_publisher..=defaults::MAX_REMOTE_RECORDS_CEILING).contains(&self.max_remote_records) {
+            let reason = format!(
+                "{} must be at least max_agents_per_publisher ({per_publisher}) and at most {}",
+                self.max_remote_records,
+                defaults::MAX_REMOTE_RECORDS_CEILING
+            );
+            return invalid("max_remote_records", reason);
         }
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be above zero".into());
@@ -214,12 +246,8 @@ impl Config {
         if self.api_key.as_deref().is_some_and(|k| k.len() < 16) {
             return invalid("api_key", "must be at least 16 characters".into());
         }
-        for peer in &self.allowed_publishers {
-            if let Err(e) = peer.parse::<libp2p::PeerId>() {
-                return invalid("allowed_publishers", format!("`{peer}` is not a PeerId: {e}"));
-            }
-        }
-        if self.network_key.is_some() && self.listen.iter().any(|a| a.contains("/quic")) {
+        let quic = |a: &Multiaddr| a.iter().any(|p| matches!(p, libp2p::multiaddr::Protocol::QuicV1));
+        if self.network_key.is_some() && self.listen.iter().any(quic) {
             return invalid("listen", "a closed mesh (network_key) listens on TCP only, not QUIC".into());
         }
         Ok(())
@@ -283,12 +311,31 @@ mod tests {
                 other => panic!("{other}"),
             }
         };
-        assert_eq!(bad(|c| c.bootstrap = vec!["not-an-addr".into()]), "bootstrap");
+        assert_eq!(bad(|c| c.bootstrap = vec!["/ip4/127.0.0.1".parse().unwrap()]), "bootstrap");
+        assert_eq!(bad(|c| c.max_agents_per_publisher = 0), "max_agents_per_publisher");
+        assert_eq!(bad(|c| c.max_remote_records = 10), "max_remote_records");
         assert_eq!(bad(|c| c.heartbeat_interval = Duration::ZERO), "heartbeat_interval");
         assert_eq!(bad(|c| c.degraded_after = Duration::from_secs(1)), "degraded_after");
         assert_eq!(bad(|c| c.inactive_after = Duration::from_secs(7)), "inactive_after");
         assert_eq!(bad(|c| c.evict_after = Duration::from_secs(1)), "evict_after");
         assert_eq!(bad(|c| c.api_key = Some("short".into())), "api_key");
+    }
+
+    #[test]
+    fn addresses_and_peer_ids_are_parsed_once_and_named_when_bad() {
+        let c = Config::from_toml(
+            "listen = [\"/ip4/127.0.0.1/tcp/7\"]\nbootstrap = [\"/dns4/seed/tcp/4001\"]\n\
+             allowed_publishers = [\"12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen[0].to_string(), "/ip4/127.0.0.1/tcp/7");
+        assert_eq!(c.allowed_publishers.len(), 1);
+        for (key, text) in
+            [("listen", "not-an-addr"), ("bootstrap", "/ip4/1.2.3"), ("allowed_publishers", "QmNope")]
+        {
+            let e = Config::from_toml(&format!("{key} = [\"{text}\"]")).unwrap_err();
+            assert!(e.contains(key), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Every built-in default and every hard limit, in one place.
 //!
-//! Settings (`config.rs`) start from these values; limits are not configurable because every node of a
-//! mesh must agree on them.
+//! Settings (`config.rs`) start from these values. A limit is configurable only where an operator
+//! would tune it for this node's memory (`max_remote_records`) or for a mesh as a whole
+//! (`max_agents_per_publisher`, which every node of a mesh should share); the rest are protocol
+//! constants every node must agree on. SECURITY.md lists each bound with what a hostile peer can
+//! still make a node hold.
 
 use std::time::Duration;
 
@@ -92,3 +95,65 @@ pub const SLED_CACHE_BYTES: u64 = 1024 * 1024;
 pub const IDENTITY_FILE: &str = "identity.key";
 /// Name of the sled directory inside the data directory.
 pub const STORE_DIR: &str = "store";
+
+/// Most agents one publisher may have, by default: what this node admits locally and what it takes
+/// from any other publisher. A gateway node fronting an organisation's agents is a real user, so this
+/// is sized from memory (about 4.4 KB per held record, BENCHMARKS.md) rather than from a guess at
+/// "a few agents per node". Every node of a mesh should use the same value (`max_agents_per_publisher`):
+/// a node with a lower one ignores the excess of a bigger publisher (it is never blamed for it).
+pub const MAX_AGENTS_PER_PUBLISHER: usize = 20_000;
+/// Highest `max_agents_per_publisher` accepted: a full agent list of that many agents still fits one
+/// sync response (`MAX_LIST_CHUNKS` chunks).
+pub const MAX_AGENTS_PER_PUBLISHER_CEILING: usize = 250_000;
+/// Remote records held in all, whoever published them, by default (`max_remote_records`): the bound
+/// on the memory the rest of the mesh can make this node spend (about 450 MB at the limit, measured).
+/// Five publishers at the per-publisher limit fit.
+pub const MAX_REMOTE_RECORDS: usize = 100_000;
+/// Highest `max_remote_records` accepted.
+pub const MAX_REMOTE_RECORDS_CEILING: usize = 2_000_000;
+
+/// Largest mesh message (gossip or one signed message in a sync answer): room for a maximal card and
+/// for a list chunk of `LIST_CHUNK_AGENTS` agents with the longest ids. Every node must agree on it
+/// (gossipsub drops whole RPCs over its own limit), so it is not configurable.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// Most agents a heartbeat lists inline, and most in one signed list chunk. At `MAX_ID_LEN` bytes per
+/// id a chunk stays under 150 KB, well inside `MAX_MESSAGE_BYTES`. A longer list travels as chunks
+/// fetched over sync, never in a heartbeat, so a heartbeat's size does not grow with the agent count.
+pub const LIST_CHUNK_AGENTS: usize = 1024;
+/// Most chunks one agent list may have (`MAX_AGENTS_PER_PUBLISHER_CEILING / LIST_CHUNK_AGENTS`,
+/// rounded up).
+pub const MAX_LIST_CHUNKS: usize = MAX_AGENTS_PER_PUBLISHER_CEILING.div_ceil(LIST_CHUNK_AGENTS);
+
+/// Publishers whose mesh state (newest heartbeat, agent list, leave) is tracked at most. Beyond it
+/// publishers that hold no record here go first, least recently heard first: a stream of fresh keys
+/// costs a bounded amount of memory and evicts nobody who has agents in the view.
+pub const MAX_TRACKED_PUBLISHERS: usize = 10_000;
+/// Agent-list entries held in all, over every publisher (the lists of heartbeats, kept to refresh
+/// agents from digest-only heartbeats). Lists of publishers with no record here go first beyond it.
+pub const MAX_LIST_ENTRIES: usize = 2 * MAX_REMOTE_RECORDS;
+/// Tombstones (recent removals that hide older copies of a card) held at most; the oldest go first.
+pub const MAX_TOMBSTONES: usize = 100_000;
+/// List fetches waiting for their answer, or for their turn, at most (one per publisher).
+pub const MAX_LIST_FETCHES: usize = 256;
+/// Sync requests of this node awaiting an answer at most: a round beyond it waits for the next tick.
+pub const MAX_SYNC_IN_FLIGHT: usize = 64;
+/// Card messages in one sync answer at most; the requester asks again at once while the answer says
+/// there is more.
+pub const MAX_CARDS_PER_RESPONSE: usize = 2000;
+/// Largest sync request (a digest of every record: ~70 bytes each, 100,000 records in 7 MB).
+pub const MAX_SYNC_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest sync answer: `MAX_CARDS_PER_RESPONSE` maximal cards, or every chunk of a maximal list.
+pub const MAX_SYNC_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+/// Addresses remembered per connected peer (shown by `/api/v1/mesh/peers`).
+pub const MAX_ADDRS_PER_PEER: usize = 8;
+
+/// Rejected messages within `STRIKE_WINDOW` that get a peer banned. Honest peers never send a message
+/// that fails verification (they verify before forwarding), so a handful is already a sign; the
+/// margin covers a peer with a different allow-list in a misconfigured closed mesh.
+pub const MAX_STRIKES: u32 = 20;
+/// The window strikes are counted over.
+pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
+/// How long a banned peer is refused.
+pub const BAN_FOR: Duration = Duration::from_secs(600);
+/// Peers tracked at most for strikes and bans; the oldest entries go first beyond it.
+pub const MAX_TRACKED_PEERS: usize = 4096;

@@ -22,9 +22,11 @@
 //!   polling of agents' own card URLs.
 //! - [`watch`]: registry change events (added, updated, health changed, removed) for the watch stream.
 //! - [`node`]: the facade that starts all of the above and owns shutdown.
+//! - [`tasks`]: the node's supervised task set (a task that stops fails the node, naming it) and the
+//!   non-overlapping periodic timer its loops share.
 //!
-//! Tasks: the HTTP server, the mesh event loop, the ingest worker, the watcher, and (when configured)
-//! probes and card-URL polling. Writers are serialised by the
+//! Tasks, all in one supervised set: the HTTP server, the mesh event loop, the ingest worker, the
+//! watcher, eviction, and (when configured) probes and card-URL polling. Writers are serialised by the
 //! registry; readers never block.
 
 pub mod api;
@@ -39,5 +41,6 @@ pub mod node;
 pub mod probe;
 pub mod query;
 pub mod registry;
+pub mod tasks;
 pub mod watch;
 pub mod wire;

@@ -2,9 +2,9 @@
 //! identify, ping, and a request-response sync protocol). Everyone else talks to it through a
 //! [`NetHandle`] over bounded channels.
 //!
-//! Tasks:
+//! Tasks (both in the node's supervised set):
 //! - the event loop (this module): swarm events, local changes to announce, timers (heartbeat, sync,
-//!   eviction, redial, Kademlia refresh), commands;
+//!   redial, Kademlia refresh), commands;
 //! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
 //!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
 
@@ -32,12 +32,14 @@ use serde::Serialize;
 use serde_bytes::ByteBuf;
 use sha2::Digest as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use crate::api::now_millis;
 use crate::api::render::rfc3339;
+use crate::defaults::{MAX_ADDRS_PER_PEER, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
+use crate::registry::remote::SignedList;
 use crate::registry::{LocalChange, RecordKey, Registry};
+use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
 use guard::Guard;
 use ingest::{Inbound, Policy, Verdict};
@@ -108,7 +110,6 @@ pub struct NetConfig {
     pub bootstrap: Vec<Multiaddr>,
     pub mdns: bool,
     pub heartbeat_interval: Duration,
-    pub evict_after: Duration,
     /// A closed mesh's pre-shared key: every connection is encrypted with it before anything else,
     /// so peers without it cannot connect at all. (Its `Debug` shows only a fingerprint.)
     pub psk: Option<PreSharedKey>,
@@ -177,9 +178,22 @@ pub struct Status {
     /// Whether this node only talks to peers holding the network key.
     pub closed_mesh: bool,
     pub records: BTreeMap<&'static str, usize>,
+    /// The bounded mesh state besides the records (see SECURITY.md).
+    pub mesh_state: MeshState,
     pub last_sync: Option<String>,
     #[serde(flatten)]
     pub counters: CounterState,
+}
+
+/// Publishers tracked (`MAX_TRACKED_PUBLISHERS`), agent-list entries held (`MAX_LIST_ENTRIES`) and
+/// tombstones held (`MAX_TOMBSTONES`), plus the limits records are admitted by.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeshState {
+    pub publishers: usize,
+    pub list_entries: usize,
+    pub tombstones: usize,
+    pub max_agents_per_publisher: usize,
+    pub max_remote_records: usize,
 }
 
 /// One connected peer, for `GET /api/v1/mesh/peers`.
@@ -360,12 +374,14 @@ fn behaviour(
     })
 }
 
-/// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns the tasks.
+/// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns its two tasks into the
+/// node's supervised set.
 pub async fn spawn(
     config: NetConfig,
     keypair: Keypair,
     registry: Arc<Registry>,
-) -> Result<(NetHandle, JoinHandle<()>), NetError> {
+    tasks: &mut Tasks,
+) -> Result<NetHandle, NetError> {
     let mut swarm = build_swarm(&keypair, &config)?;
     for addr in &config.listen {
         swarm
@@ -383,7 +399,10 @@ pub async fn spawn(
     let (verdict_tx, verdicts) = mpsc::channel(INGEST_QUEUE);
     let counters = Arc::new(Counters::default());
     let policy = Policy { me: peer_id, allowed: config.allowed_publishers.clone() };
-    tokio::spawn(ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), policy));
+    tasks.spawn_loop(
+        "mesh ingest",
+        ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), policy),
+    );
     let bootstrap = config
         .bootstrap
         .iter()
@@ -417,10 +436,11 @@ pub async fn spawn(
         list_beats: 0,
         own_list: None,
         list_fetches: HashMap::new(),
+        sync_in_flight: HashSet::new(),
         guard: Guard::default(),
     };
-    let task = tokio::spawn(event_loop.run());
-    Ok((NetHandle { tx, peer_id }, task))
+    tasks.spawn_loop("mesh event loop", event_loop.run());
+    Ok(NetHandle { tx, peer_id })
 }
 
 fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
@@ -461,10 +481,13 @@ struct EventLoop {
     /// Digest of this node's agent list, and the beats that carried it so far.
     last_list: Option<u64>,
     list_beats: u32,
-    /// The signed heartbeat that last carried this node's list, for nodes that fetch it.
-    own_list: Option<Arc<[u8]>>,
-    /// When each publisher's list may be fetched again.
+    /// The signed messages that carry this node's current list (the heartbeat that last carried it,
+    /// or every chunk of a long one), for nodes that fetch it.
+    own_list: Option<SignedList>,
+    /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
     list_fetches: HashMap<PeerId, Instant>,
+    /// Sync requests awaiting their answer (at most `MAX_SYNC_IN_FLIGHT`).
+    sync_in_flight: HashSet<request_response::OutboundRequestId>,
     /// Strikes and bans of peers that send what verification refuses.
     guard: Guard,
 }
@@ -541,12 +564,19 @@ impl EventLoop {
             self.last_list = Some(digest);
             self.list_beats = 0;
         }
-        let with_list = self.list_beats < wire::LIST_REPEATS;
+        // A list longer than a chunk never rides in a heartbeat: it is signed once per change, in
+        // chunks that peers fetch over sync, so a heartbeat stays small whatever the agent count.
+        let inline = agents.len() <= wire::LIST_CHUNK_AGENTS;
+        if !inline && self.list_beats == 0 {
+            let chunks = wire::seal_list_chunks(&self.keypair, &agents, digest);
+            self.own_list = Some(chunks.into_iter().map(Arc::from).collect());
+        }
+        let with_list = inline && self.list_beats < wire::LIST_REPEATS;
         self.list_beats = self.list_beats.saturating_add(1);
         let body = HeartbeatBody { sent_at: now, digest, agents: with_list.then_some(agents) };
         let msg = wire::seal_heartbeat(&self.keypair, &body);
         if with_list {
-            self.own_list = Some(msg.as_slice().into());
+            self.own_list = Some(Arc::from([Arc::<[u8]>::from(msg.as_slice())]));
         }
         self.publish(&self.heartbeats.clone(), msg);
         for peer in self.guard.expire(now) {
@@ -555,15 +585,17 @@ impl EventLoop {
         }
         let stale = Instant::now();
         self.list_fetches.retain(|_, &mut at| at > stale);
-        let registry = self.registry.clone();
-        let evict_after = self.config.evict_after;
-        tokio::spawn(async move {
-            match registry.evict(now, evict_after).await {
-                Ok(0) => {}
-                Ok(evicted) => tracing::info!(evicted, "evicted silent remote agents"),
-                Err(error) => tracing::warn!(%error, "eviction failed"),
-            }
-        });
+    }
+
+    /// Sends a sync request unless `MAX_SYNC_IN_FLIGHT` are already awaiting answers (the work is
+    /// then picked up again by the next heartbeat or sync tick).
+    fn send_sync(&mut self, peer: PeerId, request: SyncRequest) {
+        if self.sync_in_flight.len() >= MAX_SYNC_IN_FLIGHT {
+            tracing::debug!(%peer, "sync request not sent: too many in flight");
+            return;
+        }
+        let id = self.swarm.behaviour_mut().sync.send_request(&peer, request);
+        self.sync_in_flight.insert(id);
     }
 
     fn digest(&self) -> Vec<DigestItem> {
@@ -581,7 +613,7 @@ impl EventLoop {
     /// Starts an anti-entropy round: fingerprints first, the full digest only if they differ.
     fn request_sync(&mut self, peer: PeerId) {
         let (fingerprint, count) = self.registry.fingerprint();
-        self.swarm.behaviour_mut().sync.send_request(&peer, SyncRequest::Summary { fingerprint, count });
+        self.send_sync(peer, SyncRequest::Summary { fingerprint, count });
     }
 
     fn sync_with_random_peer(&mut self) {
@@ -667,10 +699,17 @@ impl EventLoop {
                 }
             }
             Verdict::Misbehaved { peer, rejected } => self.strike(peer, rejected),
+            // The rest of a cut answer, now that its first part is applied: the full digest at once.
+            Verdict::SyncAgain { peer } => {
+                if self.swarm.is_connected(&peer) {
+                    let request = SyncRequest::Digest(self.digest());
+                    self.send_sync(peer, request);
+                }
+            }
             Verdict::FetchList { from, publisher } => {
                 let now = Instant::now();
                 let due = self.list_fetches.get(&publisher).is_none_or(|&at| now >= at);
-                if !due {
+                if !due || self.list_fetches.len() >= MAX_LIST_FETCHES {
                     return;
                 }
                 // At most one fetch per publisher per heartbeat interval; the sender accepted the
@@ -678,12 +717,12 @@ impl EventLoop {
                 self.list_fetches.insert(publisher, now + self.config.heartbeat_interval);
                 let peer = self.ask_for(publisher, from);
                 let request = SyncRequest::List { publisher: ByteBuf::from(publisher.to_bytes()) };
-                self.swarm.behaviour_mut().sync.send_request(&peer, request);
+                self.send_sync(peer, request);
             }
             Verdict::Pull { from, publisher, agent_ids } => {
                 let peer = self.ask_for(publisher, from);
                 let request = SyncRequest::Pull { publisher: ByteBuf::from(publisher.to_bytes()), agent_ids };
-                self.swarm.behaviour_mut().sync.send_request(&peer, request);
+                self.send_sync(peer, request);
             }
         }
     }
@@ -751,6 +790,17 @@ impl EventLoop {
             banned_peers: self.guard.banned(now_millis()),
             closed_mesh: self.config.psk.is_some(),
             records,
+            mesh_state: {
+                let (publishers, list_entries, tombstones) = self.registry.mesh_state_size();
+                let limits = self.registry.limits();
+                MeshState {
+                    publishers,
+                    list_entries,
+                    tombstones,
+                    max_agents_per_publisher: limits.per_publisher,
+                    max_remote_records: limits.remote_records,
+                }
+            },
             last_sync: counters.last_sync_ms.map(rfc3339),
             counters,
         }
@@ -788,7 +838,10 @@ impl EventLoop {
                     return;
                 }
                 let addr = endpoint.get_remote_address().clone();
-                self.addrs.entry(peer_id).or_default().insert(addr.clone());
+                let addrs = self.addrs.entry(peer_id).or_default();
+                if addrs.len() < MAX_ADDRS_PER_PEER {
+                    addrs.insert(addr.clone());
+                }
                 if endpoint.is_dialer() {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                 }
@@ -875,24 +928,32 @@ impl EventLoop {
                     let response = self.answer(request);
                     let _ = self.swarm.behaviour_mut().sync.send_response(channel, response);
                 }
-                request_response::Message::Response { response, .. } => {
+                request_response::Message::Response { request_id, response } => {
+                    self.sync_in_flight.remove(&request_id);
                     self.counters.update(|c| {
                         c.sync_rounds += 1;
                         c.last_sync_ms = Some(now_millis());
                     });
                     if response.differs {
                         let request = SyncRequest::Digest(self.digest());
-                        self.swarm.behaviour_mut().sync.send_request(&peer, request);
+                        self.send_sync(peer, request);
                     }
                     if !response.cards.is_empty() {
-                        let inbound = Inbound::Signed { from: peer, messages: response.cards };
+                        let more = response.more;
+                        let inbound = Inbound::Signed { from: peer, messages: response.cards, more };
                         if self.ingest.try_send(inbound).is_err() {
                             tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
                         }
                     }
                 }
             },
-            BehaviourEvent::Sync(request_response::Event::OutboundFailure { peer, error, .. }) => {
+            BehaviourEvent::Sync(request_response::Event::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            }) => {
+                self.sync_in_flight.remove(&request_id);
                 tracing::debug!(%peer, %error, "sync request failed");
             }
             _ => {}
@@ -903,7 +964,7 @@ impl EventLoop {
         let cards = match request {
             SyncRequest::Summary { fingerprint, count } => {
                 let differs = self.registry.fingerprint() != (fingerprint, count);
-                return SyncResponse { cards: Vec::new(), differs };
+                return SyncResponse { cards: Vec::new(), differs, more: false };
             }
             SyncRequest::Digest(items) => {
                 let theirs: HashMap<(PeerId, String), u64> = items
@@ -926,10 +987,13 @@ impl EventLoop {
                 } else {
                     self.registry.signed_list(&publisher)
                 };
-                list.map(|l| vec![l.to_vec()]).unwrap_or_default()
+                // Every chunk of a list goes in one answer (a list is bounded: `MAX_LIST_CHUNKS`).
+                let messages = list.map(|l| l.iter().map(|m| ByteBuf::from(m.to_vec())).collect());
+                return SyncResponse { cards: messages.unwrap_or_default(), differs: false, more: false };
             }
         };
+        let more = cards.len() > sync::MAX_CARDS_PER_RESPONSE;
         let cards = cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();
-        SyncResponse { cards, differs: false }
+        SyncResponse { cards, differs: false, more }
     }
 }

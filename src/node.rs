@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use libp2p::identity::PeerId;
 use libp2p::pnet::PreSharedKey;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, now_millis, AppState};
@@ -18,29 +17,7 @@ use crate::defaults::STORE_DIR;
 use crate::identity::{Identity, IdentityError};
 use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
-
-/// A periodic timer that ends with `cancel`, for the node's background loops:
-/// `while ticks.next().await { ... }`. The first tick is at once; a late tick is delayed, not bunched.
-pub(crate) struct Ticks {
-    interval: tokio::time::Interval,
-    cancel: CancellationToken,
-}
-
-impl Ticks {
-    pub(crate) fn new(period: Duration, cancel: CancellationToken) -> Self {
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { interval, cancel }
-    }
-
-    /// Waits for the next tick: `false` once the node is stopping.
-    pub(crate) async fn next(&mut self) -> bool {
-        tokio::select! {
-            _ = self.cancel.cancelled() => false,
-            _ = self.interval.tick() => true,
-        }
-    }
-}
+use crate::tasks::{TaskError, Tasks, Ticks};
 
 /// How long shutdown waits for open HTTP requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -57,8 +34,8 @@ pub enum NodeError {
     CardInvalid { path: PathBuf, source: CardError },
     #[error("cannot listen for HTTP on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
-    #[error("HTTP server failed: {0}")]
-    Serve(std::io::Error),
+    #[error(transparent)]
+    Task(#[from] TaskError),
     #[error(transparent)]
     Net(#[from] NetError),
     #[error("cannot read network key file {path}: {reason}")]
@@ -80,10 +57,8 @@ pub struct Node {
     peer_id: PeerId,
     http_addr: SocketAddr,
     registry: Arc<Registry>,
-    cancel: CancellationToken,
-    http: JoinHandle<Result<(), NodeError>>,
+    tasks: Tasks,
     net: NetHandle,
-    mesh: JoinHandle<()>,
 }
 
 impl Node {
@@ -96,15 +71,16 @@ impl Node {
         let thresholds = config.thresholds();
         let signer = identity.keypair().clone();
         let accept_loss = config.accept_store_loss;
+        let limits = config.limits();
         let (registry, report) = tokio::task::spawn_blocking(move || {
-            Registry::open_checked(&store_dir, signer, thresholds, accept_loss)
+            Registry::open_checked(&store_dir, signer, thresholds, limits, accept_loss)
         })
         .await
-        .map_err(|e| NodeError::Serve(std::io::Error::other(e)))??;
+        .map_err(|e| TaskError::Failed { task: "store open", reason: e.to_string() })??;
         tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
         let registry = Arc::new(registry);
         let allowed_publishers: Option<Arc<HashSet<PeerId>>> = (!config.allowed_publishers.is_empty())
-            .then(|| Arc::new(config.allowed_publishers.iter().filter_map(|p| p.parse().ok()).collect()));
+            .then(|| Arc::new(config.allowed_publishers.iter().copied().collect()));
         if let Some(allowed) = &allowed_publishers {
             // What an earlier run stored from publishers now outside the list goes.
             let forgotten = registry.forget_publishers(|p| allowed.contains(p)).await?;
@@ -129,19 +105,16 @@ impl Node {
             tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
         }
 
-        let parse = |list: &[String]| -> Vec<libp2p::Multiaddr> {
-            list.iter().filter_map(|a| a.parse().ok()).collect()
-        };
         let net_config = NetConfig {
-            listen: parse(&config.listen),
-            bootstrap: parse(&config.bootstrap),
+            listen: config.listen.clone(),
+            bootstrap: config.bootstrap.clone(),
             mdns: config.mdns,
             heartbeat_interval: config.heartbeat_interval,
-            evict_after: config.evict_after,
             psk,
             allowed_publishers,
         };
-        let (net, mesh) = net::spawn(net_config, identity.keypair().clone(), registry.clone()).await?;
+        let mut tasks = Tasks::new(CancellationToken::new());
+        let net = net::spawn(net_config, identity.keypair().clone(), registry.clone(), &mut tasks).await?;
 
         let listener = tokio::net::TcpListener::bind(config.http)
             .await
@@ -154,32 +127,30 @@ impl Node {
         let state = AppState::new(registry.clone(), config.api_key.clone())
             .with_net(net.clone())
             .with_well_known_agent(config.well_known_agent.clone());
-        let cancel = CancellationToken::new();
-        tokio::spawn(crate::watch::run(registry.clone(), state.watch.clone(), cancel.clone()));
+        tasks.spawn_loop("watcher", crate::watch::run(registry.clone(), state.watch.clone(), tasks.token()));
+        tasks.spawn_loop(
+            "eviction",
+            evict(registry.clone(), config.heartbeat_interval, config.evict_after, tasks.token()),
+        );
         let app = api::router(state);
         if !config.card_urls.is_empty() {
-            tokio::spawn(crate::probe::poll_cards(
+            let poll = crate::probe::poll_cards(
                 registry.clone(),
                 config.card_urls.clone(),
                 config.card_poll_interval,
                 config.data_dir.clone(),
-                cancel.clone(),
-            ));
+                tasks.token(),
+            );
+            tasks.spawn("card url polling", poll);
         }
         if let Some(interval) = config.probe_interval {
-            tokio::spawn(crate::probe::run(
-                registry.clone(),
-                interval,
-                config.probe_path.clone(),
-                cancel.clone(),
-            ));
+            let probes =
+                crate::probe::run(registry.clone(), interval, config.probe_path.clone(), tasks.token());
+            tasks.spawn("probes", probes);
         }
-        let stop = cancel.clone();
-        let http = tokio::spawn(async move {
-            api::server::serve(listener, app, stop, SHUTDOWN_GRACE).await.map_err(NodeError::Serve)
-        });
+        tasks.spawn("http server", api::server::serve(listener, app, tasks.token(), SHUTDOWN_GRACE));
         tracing::info!(%http_addr, %peer_id, "node started");
-        Ok(Self { peer_id, http_addr, registry, cancel, http, net, mesh })
+        Ok(Self { peer_id, http_addr, registry, tasks, net })
     }
 
     pub fn peer_id(&self) -> PeerId {
@@ -199,23 +170,14 @@ impl Node {
         &self.net
     }
 
-    /// Resolves when a task of the node fails (never for a healthy node).
+    /// Resolves when a task of the node stops, fails or panics (never for a healthy node), naming it.
     pub async fn failed(&mut self) -> NodeError {
-        tokio::select! {
-            http = &mut self.http => match http {
-                Ok(Err(e)) => e,
-                Ok(Ok(())) => NodeError::Serve(std::io::Error::other("HTTP server stopped")),
-                Err(e) => NodeError::Serve(std::io::Error::other(e)),
-            },
-            _ = &mut self.mesh => NodeError::Net(NetError::Stopped),
-        }
+        NodeError::Task(self.tasks.failed().await)
     }
 
     /// Stops the node abruptly, as a crash would: no goodbye to the mesh, no flush (tests).
     pub fn kill(self) {
-        self.mesh.abort();
-        self.http.abort();
-        self.cancel.cancel();
+        self.tasks.abort();
     }
 
     /// Says goodbye to the mesh, stops serving (open requests get a grace period) and flushes the store.
@@ -223,16 +185,24 @@ impl Node {
         if tokio::time::timeout(LEAVE_GRACE, self.net.leave()).await.is_err() {
             tracing::warn!("mesh goodbye timed out");
         }
-        self.mesh.abort();
-        self.cancel.cancel();
-        match tokio::time::timeout(SHUTDOWN_GRACE, self.http).await {
-            Ok(Ok(result)) => result?,
-            Ok(Err(join)) => tracing::warn!(error = %join, "HTTP task ended abnormally"),
-            Err(_) => tracing::warn!("HTTP connections still open after the grace period; closing"),
-        }
+        // The HTTP server gives open requests `SHUTDOWN_GRACE` itself; the rest stop at once.
+        self.tasks.shutdown(SHUTDOWN_GRACE + Duration::from_secs(1)).await;
         self.registry.flush().await?;
         tracing::info!(peer_id = %self.peer_id, "node stopped");
         Ok(())
+    }
+}
+
+/// Drops remote records not heard of for `evict_after`, every `every`. One sweep at a time: the next
+/// tick waits for the sweep before it.
+async fn evict(registry: Arc<Registry>, every: Duration, evict_after: Duration, cancel: CancellationToken) {
+    let mut ticks = Ticks::new(every, cancel);
+    while ticks.next().await {
+        match registry.evict(now_millis(), evict_after).await {
+            Ok(0) => {}
+            Ok(evicted) => tracing::info!(evicted, "evicted silent remote agents"),
+            Err(error) => tracing::warn!(%error, "eviction failed"),
+        }
     }
 }
 

@@ -18,23 +18,22 @@ use tokio_util::sync::CancellationToken;
 use crate::api::now_millis;
 use crate::card::AgentCard;
 use crate::defaults::MAX_BODY_BYTES;
-use crate::node::Ticks;
 use crate::registry::health::Reported;
 use crate::registry::{Applied, Liveness, Origin, Registry};
+use crate::tasks::Ticks;
 
 /// Consecutive failed probes after which an agent is reported offline.
 pub const FAILURES_TO_OFFLINE: u32 = 3;
 
 /// Probes every vouched-for local agent each `interval`, until `cancel`.
-pub async fn run(registry: Arc<Registry>, interval: Duration, path: String, cancel: CancellationToken) {
+pub async fn run(
+    registry: Arc<Registry>,
+    interval: Duration,
+    path: String,
+    cancel: CancellationToken,
+) -> Result<(), reqwest::Error> {
     let timeout = interval.min(Duration::from_secs(5));
-    let client = match reqwest::Client::builder().timeout(timeout).build() {
-        Ok(c) => c,
-        Err(error) => {
-            tracing::warn!(%error, "probes disabled: no HTTP client");
-            return;
-        }
-    };
+    let client = reqwest::Client::builder().timeout(timeout).build()?;
     let mut failures: HashMap<String, u32> = HashMap::new();
     let mut ticks = Ticks::new(interval, cancel);
     while ticks.next().await {
@@ -57,6 +56,7 @@ pub async fn run(registry: Arc<Registry>, interval: Duration, path: String, canc
             let _ = registry.heartbeat_local(&agent_id, Some(reported_after(*count)), now_millis());
         }
     }
+    Ok(())
 }
 
 /// What an agent is reported as after `failures` failed checks in a row. Pure.
@@ -125,14 +125,8 @@ pub async fn poll_cards(
     interval: Duration,
     data_dir: PathBuf,
     cancel: CancellationToken,
-) {
-    let client = match reqwest::Client::builder().timeout(interval.min(Duration::from_secs(5))).build() {
-        Ok(c) => c,
-        Err(error) => {
-            tracing::warn!(%error, "card URLs not polled: no HTTP client");
-            return;
-        }
-    };
+) -> Result<(), reqwest::Error> {
+    let client = reqwest::Client::builder().timeout(interval.min(Duration::from_secs(5))).build()?;
     let mut known = load_url_agents(&data_dir);
     let mut polled: Vec<Polled> =
         urls.into_iter().map(|url| Polled { agent_id: known.get(&url).cloned(), url, failures: 0 }).collect();
@@ -172,6 +166,7 @@ pub async fn poll_cards(
             }
         }
     }
+    Ok(())
 }
 
 async fn fetch_card(client: &reqwest::Client, url: &str) -> Result<AgentCard, CardUrlError> {

@@ -25,7 +25,7 @@ use crate::card::{AgentCard, HeldCard};
 use health::{Health, Millis, Reported, Thresholds};
 use store::{Row, Store, StoreError};
 
-pub use remote::HeartbeatOutcome;
+pub use remote::{HeartbeatOutcome, Limits};
 
 /// Capacity of the local-change channel. A subscriber that falls further behind is told it lagged and
 /// re-announces everything instead.
@@ -48,6 +48,19 @@ pub enum RegistryError {
     NotFound(String),
     #[error(transparent)]
     Guard(#[from] guard::GuardError),
+    /// A new local agent past the per-publisher limit: the mesh would refuse it, so this node does not
+    /// publish it. Nothing was written.
+    #[error(
+        "this node already publishes {held} agents and may publish at most {limit} \
+         (max_agents_per_publisher); deregister agents or raise the limit on every node of the mesh"
+    )]
+    LocalLimit { held: usize, limit: usize },
+    /// The store holds more local agents than the per-publisher limit allows (it was lowered).
+    #[error(
+        "the store holds {held} local agents, over max_agents_per_publisher ({limit}): raise the \
+         setting to at least {held}"
+    )]
+    StoreOverLimit { held: usize, limit: usize },
 }
 
 /// Who keeps a local agent's health fresh.
@@ -311,6 +324,11 @@ impl PublisherNames {
         let mut names = self.0.lock().unwrap_or_else(|p| p.into_inner());
         names.entry(publisher).or_insert_with(|| publisher.to_base58().into()).clone()
     }
+
+    /// Drops a publisher's cached name (its entries keep their own copies).
+    fn forget(&self, publisher: &PeerId) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(publisher);
+    }
 }
 
 /// What opening found on disk.
@@ -329,7 +347,7 @@ impl Registry {
         signer: Keypair,
         thresholds: Thresholds,
     ) -> Result<(Self, OpenReport), RegistryError> {
-        Self::open_checked(dir, signer, thresholds, false)
+        Self::open_checked(dir, signer, thresholds, Limits::default(), false)
     }
 
     /// Opens the store and checks its local records against their witness ([`guard`]): a store that
@@ -338,6 +356,7 @@ impl Registry {
         dir: &Path,
         signer: Keypair,
         thresholds: Thresholds,
+        limits: Limits,
         accept_loss: bool,
     ) -> Result<(Self, OpenReport), RegistryError> {
         let me = signer.public().to_peer_id();
@@ -366,7 +385,10 @@ impl Registry {
         release_free_memory();
         let store = Store::reopen(dir)?;
         let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
-        let remote = remote::RemoteState::default();
+        if report.local > limits.per_publisher {
+            return Err(RegistryError::StoreOverLimit { held: report.local, limit: limits.per_publisher });
+        }
+        let remote = remote::RemoteState::new(limits);
         let mut local = guard::Sum::default();
         for entry in map.values() {
             if entry.is_local() {
@@ -395,6 +417,31 @@ impl Registry {
 
     fn publisher_name(&self, publisher: PeerId) -> Arc<str> {
         self.names.get(publisher)
+    }
+
+    /// Uncounts a remote record; a publisher with none left here is forgotten by the name cache.
+    fn release(&self, publisher: PeerId) {
+        if self.remote.release(publisher) {
+            self.names.forget(&publisher);
+        }
+    }
+
+    /// The limits this registry admits records by.
+    pub fn limits(&self) -> Limits {
+        self.remote.limits()
+    }
+
+    /// Refuses `new` more local agents when they would take this node past the per-publisher limit.
+    fn admit_local(&self, map: &BTreeMap<RecordKey, Arc<Entry>>, new: usize) -> Result<(), RegistryError> {
+        if new == 0 {
+            return Ok(());
+        }
+        let limit = self.remote.limits().per_publisher;
+        let held = map.values().filter(|e| e.is_local()).count();
+        if held + new > limit {
+            return Err(RegistryError::LocalLimit { held, limit });
+        }
+        Ok(())
     }
 
     pub fn local_peer_id(&self) -> PeerId {
@@ -434,6 +481,7 @@ impl Registry {
                 Applied::Unchanged { seq: e.seq }
             }
             _ => {
+                self.admit_local(&map, usize::from(held.is_none()))?;
                 let seq = next_local_seq(held.map(|e| e.seq), now);
                 let sig = self.sign(&card, seq);
                 let update = Update::Upsert { publisher: self.me, seq, card, origin, sig };
@@ -550,7 +598,7 @@ impl Registry {
                 };
                 if let Err(e) = stored {
                     if created && origin == Origin::Remote {
-                        self.remote.release(publisher);
+                        self.release(publisher);
                     }
                     return Err(e);
                 }
@@ -581,7 +629,7 @@ impl Registry {
                 }
                 if let Some(e) = map.remove(&key) {
                     if e.origin == Origin::Remote {
-                        self.remote.release(publisher);
+                        self.release(publisher);
                     }
                 }
                 self.remote.remember_tombstone(key, seq, now);
@@ -654,6 +702,13 @@ impl Registry {
         now: Millis,
     ) -> Result<usize, RegistryError> {
         let mut map = self.writer.lock().await;
+        let new = cards
+            .iter()
+            .map(|c| c.agent_id.as_str())
+            .filter(|id| !map.contains_key(&RecordKey { agent_id: (*id).to_owned(), publisher: self.me }))
+            .collect::<std::collections::HashSet<&str>>()
+            .len();
+        self.admit_local(&map, new)?;
         let origin = Origin::Local(liveness);
         let mut rows = Vec::with_capacity(cards.len());
         let mut entries = Vec::with_capacity(cards.len());

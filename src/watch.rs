@@ -19,9 +19,9 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::node::Ticks;
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::{Entry, Registry};
+use crate::tasks::Ticks;
 
 /// How often the view is compared with the last one seen.
 pub const WATCH_TICK: Duration = Duration::from_millis(250);

@@ -16,11 +16,7 @@ use crate::registry::health::Reported;
 
 /// The only envelope version this node reads and writes.
 pub const WIRE_VERSION: u8 = 1;
-/// Largest message accepted: room for a maximal card and for a heartbeat listing `MAX_AGENTS_PER_PUBLISHER`
-/// agents. Every node must agree on it (gossipsub drops whole RPCs over its own limit).
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
-/// Most agents one heartbeat may list (and so one publisher may have).
-pub const MAX_AGENTS_PER_PUBLISHER: usize = 4096;
+pub use crate::defaults::{LIST_CHUNK_AGENTS, MAX_LIST_CHUNKS, MAX_MESSAGE_BYTES};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -67,6 +63,7 @@ pub enum Kind {
     Card = 1,
     Heartbeat = 2,
     Tombstone = 3,
+    ListChunk = 4,
 }
 
 impl Kind {
@@ -75,6 +72,7 @@ impl Kind {
             1 => Ok(Kind::Card),
             2 => Ok(Kind::Heartbeat),
             3 => Ok(Kind::Tombstone),
+            4 => Ok(Kind::ListChunk),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -84,6 +82,7 @@ impl Kind {
             Kind::Card => b"agentmesh/v1/card\0",
             Kind::Heartbeat => b"agentmesh/v1/heartbeat\0",
             Kind::Tombstone => b"agentmesh/v1/tombstone\0",
+            Kind::ListChunk => b"agentmesh/v1/list-chunk\0",
         }
     }
 }
@@ -117,9 +116,10 @@ pub struct HeartbeatAgent {
 /// One per node per interval. `sent_at` (publisher's clock, ms) orders heartbeats and makes every one
 /// distinct, so gossip never drops one as a duplicate.
 ///
-/// The agent list travels only in the `LIST_REPEATS` beats after it changed; otherwise a heartbeat
-/// carries just its `digest`, so its size does not grow with the number of agents. A node that holds no
-/// list for a digest fetches the signed heartbeat that carried it over sync. On the wire
+/// A list of at most `LIST_CHUNK_AGENTS` agents travels in the `LIST_REPEATS` beats after it changed;
+/// otherwise, and always for a longer list, a heartbeat carries just its `digest`, so its size never
+/// grows with the number of agents. A node that holds no list for a digest fetches it over sync: the
+/// signed heartbeat that carried it, or the publisher's signed [`ListChunkBody`] chunks. On the wire
 /// `[sent_at, digest, agents or null]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatBody {
@@ -150,6 +150,19 @@ macro_rules! serde_as_array {
 serde_as_array!(Envelope { v, kind, publisher, body, sig });
 serde_as_array!(HeartbeatAgent { agent_id, seq, reported });
 serde_as_array!(HeartbeatBody { sent_at, digest, agents });
+serde_as_array!(ListChunkBody { digest, index, total, agents });
+
+/// One part of a publisher's agent list too long for a heartbeat: chunk `index` of `total`, each of at
+/// most `LIST_CHUNK_AGENTS` agents, of the list whose [`agents_digest`] is `digest`. Signed by the
+/// publisher, so any node holding the chunks can serve them. On the wire
+/// `[digest, index, total, agents]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListChunkBody {
+    pub digest: u64,
+    pub index: u32,
+    pub total: u32,
+    pub agents: Vec<HeartbeatAgent>,
+}
 
 /// Beats that carry a changed agent list (the change and its repeats, so that one lost message does
 /// not leave nodes without it).
@@ -160,6 +173,58 @@ pub fn agents_digest(agents: &[HeartbeatAgent]) -> u64 {
     use sha2::Digest as _;
     let hash = sha2::Sha256::digest(cbor(&agents));
     u64::from_be_bytes(hash[..8].try_into().unwrap_or_default())
+}
+
+/// Splits an agent list into the publisher's signed chunks (one chunk for an empty list).
+pub fn seal_list_chunks(key: &Keypair, agents: &[HeartbeatAgent], digest: u64) -> Vec<Vec<u8>> {
+    let parts: Vec<&[HeartbeatAgent]> =
+        if agents.is_empty() { vec![&[]] } else { agents.chunks(LIST_CHUNK_AGENTS).collect() };
+    let total = parts.len() as u32;
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(index, part)| {
+            let body = ListChunkBody { digest, index: index as u32, total, agents: part.to_vec() };
+            seal(key, Kind::ListChunk, cbor(&body))
+        })
+        .collect()
+}
+
+/// Why a set of chunks is not a whole list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssemblyError {
+    #[error("chunks of different lists")]
+    Mixed,
+    #[error("{have} of {total} chunks")]
+    Incomplete { have: usize, total: usize },
+    #[error("the chunks do not make the list of their digest")]
+    DigestMismatch,
+}
+
+/// Puts a publisher's list back together from its chunks (any order, repeats allowed) and checks it
+/// against the digest they name. Pure.
+pub fn assemble_list(chunks: &[ListChunkBody]) -> Result<(u64, Vec<HeartbeatAgent>), AssemblyError> {
+    let Some(first) = chunks.first() else { return Err(AssemblyError::Incomplete { have: 0, total: 1 }) };
+    let (digest, total) = (first.digest, first.total as usize);
+    let mut parts: Vec<Option<&ListChunkBody>> = vec![None; total];
+    for chunk in chunks {
+        if chunk.digest != digest || chunk.total as usize != total {
+            return Err(AssemblyError::Mixed);
+        }
+        // `open` guarantees index < total.
+        if let Some(slot) = parts.get_mut(chunk.index as usize) {
+            *slot = Some(chunk);
+        }
+    }
+    let have = parts.iter().filter(|p| p.is_some()).count();
+    if have < total {
+        return Err(AssemblyError::Incomplete { have, total });
+    }
+    let agents: Vec<HeartbeatAgent> = parts.into_iter().flatten().flat_map(|c| c.agents.clone()).collect();
+    if agents_digest(&agents) != digest {
+        return Err(AssemblyError::DigestMismatch);
+    }
+    Ok((digest, agents))
 }
 
 /// Removal of one agent (`agent_id` set), or of every agent of the publisher (node leaving).
@@ -175,6 +240,7 @@ pub enum Message {
     Card { body: CardBody, card: Box<AgentCard> },
     Heartbeat(HeartbeatBody),
     Tombstone(TombstoneBody),
+    ListChunk(ListChunkBody),
 }
 
 /// A message that passed [`open`], with its publisher.
@@ -291,7 +357,7 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
         Kind::Heartbeat => {
             let body: HeartbeatBody = ciborium::from_reader(body).map_err(bad)?;
             if let Some(agents) = &body.agents {
-                if agents.len() > MAX_AGENTS_PER_PUBLISHER {
+                if agents.len() > LIST_CHUNK_AGENTS {
                     return Err(WireError::BadBody(format!("{} agents in one heartbeat", agents.len())));
                 }
                 if agents_digest(agents) != body.digest {
@@ -301,6 +367,17 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
             Message::Heartbeat(body)
         }
         Kind::Tombstone => Message::Tombstone(ciborium::from_reader(body).map_err(bad)?),
+        Kind::ListChunk => {
+            let body: ListChunkBody = ciborium::from_reader(body).map_err(bad)?;
+            let total = body.total as usize;
+            if total == 0 || total > MAX_LIST_CHUNKS || body.index >= body.total {
+                return Err(WireError::BadBody(format!("list chunk {} of {}", body.index, body.total)));
+            }
+            if body.agents.len() > LIST_CHUNK_AGENTS {
+                return Err(WireError::BadBody(format!("{} agents in one list chunk", body.agents.len())));
+            }
+            Message::ListChunk(body)
+        }
     };
     Ok(Verified { publisher, message, sig: env.sig.into_vec() })
 }
@@ -340,6 +417,75 @@ mod tests {
         );
         let t = TombstoneBody { agent_id: None, seq: 9 };
         assert!(matches!(open(&seal_tombstone(&key, &t)).unwrap().message, Message::Tombstone(x) if x == t));
+    }
+
+    #[test]
+    fn a_long_list_travels_in_signed_chunks_that_reassemble_in_any_order() {
+        let key = test_key();
+        let agents: Vec<HeartbeatAgent> = (0..2 * LIST_CHUNK_AGENTS + 5)
+            .map(|i| HeartbeatAgent {
+                agent_id: format!("agent-{i}"),
+                seq: i as u64,
+                reported: Reported::Ready,
+            })
+            .collect();
+        let digest = agents_digest(&agents);
+        let sealed = seal_list_chunks(&key, &agents, digest);
+        assert_eq!(sealed.len(), 3);
+        let mut chunks: Vec<ListChunkBody> = sealed
+            .iter()
+            .map(|m| {
+                assert!(m.len() <= MAX_MESSAGE_BYTES);
+                match open(m).unwrap().message {
+                    Message::ListChunk(c) => c,
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect();
+        chunks.reverse();
+        chunks.push(chunks[0].clone());
+        assert_eq!(assemble_list(&chunks), Ok((digest, agents.clone())));
+        assert_eq!(assemble_list(&chunks[1..3]), Err(AssemblyError::Incomplete { have: 2, total: 3 }));
+        // A chunk of another list, or chunks that do not make their digest.
+        let mut other = chunks[0].clone();
+        other.digest ^= 1;
+        assert_eq!(assemble_list(&[chunks[1].clone(), other]), Err(AssemblyError::Mixed));
+        let mut lying = chunks[..3].to_vec();
+        lying[0].agents.pop();
+        assert_eq!(assemble_list(&lying), Err(AssemblyError::DigestMismatch));
+        // An empty list is one empty chunk.
+        let empty = seal_list_chunks(&key, &[], agents_digest(&[]));
+        assert_eq!(empty.len(), 1);
+    }
+
+    #[test]
+    fn chunks_and_heartbeats_are_bounded() {
+        let key = test_key();
+        let agent =
+            |i: usize| HeartbeatAgent { agent_id: format!("a{i}"), seq: 1, reported: Reported::Ready };
+        let too_many: Vec<_> = (0..=LIST_CHUNK_AGENTS).map(agent).collect();
+        let hb =
+            HeartbeatBody { sent_at: 1, digest: agents_digest(&too_many), agents: Some(too_many.clone()) };
+        assert!(matches!(open(&seal_heartbeat(&key, &hb)), Err(WireError::BadBody(_))));
+        let chunk = |index, total, agents: Vec<HeartbeatAgent>| {
+            seal(&key, Kind::ListChunk, cbor(&ListChunkBody { digest: 1, index, total, agents }))
+        };
+        assert!(matches!(open(&chunk(0, 1, too_many)), Err(WireError::BadBody(_))));
+        assert!(matches!(open(&chunk(2, 2, vec![])), Err(WireError::BadBody(_))));
+        assert!(matches!(open(&chunk(0, 0, vec![])), Err(WireError::BadBody(_))));
+        assert!(matches!(open(&chunk(0, MAX_LIST_CHUNKS as u32 + 1, vec![])), Err(WireError::BadBody(_))));
+        assert!(open(&chunk(1, 2, vec![agent(1)])).is_ok());
+        // The longest ids in a full chunk still fit a message.
+        let longest: Vec<_> = (0..LIST_CHUNK_AGENTS)
+            .map(|i| HeartbeatAgent {
+                agent_id: format!("{i:0>width$}", width = crate::defaults::MAX_ID_LEN),
+                seq: u64::MAX,
+                reported: Reported::Degraded,
+            })
+            .collect();
+        let sealed = seal_list_chunks(&key, &longest, agents_digest(&longest));
+        assert_eq!(sealed.len(), 1);
+        assert!(sealed[0].len() < MAX_MESSAGE_BYTES, "{} bytes", sealed[0].len());
     }
 
     fn tamper(bytes: &[u8], f: impl FnOnce(&mut Envelope)) -> Vec<u8> {

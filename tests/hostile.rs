@@ -1,16 +1,15 @@
 //! A hostile peer against a real daemon process: forged signatures, oversized and malformed messages,
-//! replayed cards, heartbeats for agents it does not own, and 10,000 agents from one key. The daemon
-//! keeps serving its own agent and queries, keeps its memory bounded, counts every rejection by reason
-//! and bans the peer.
+//! replayed cards, heartbeats for agents it does not own, more agents from one key than a publisher may
+//! have, and heartbeats from 100,000 fresh keys. The daemon keeps serving its own agent and queries,
+//! keeps its memory bounded, counts every rejection by reason, and bans the peer for what it forged.
 
 use std::time::{Duration, Instant};
 
 use agentmesh::card::AgentCard;
+use agentmesh::defaults::{MAX_STRIKES, MAX_TRACKED_PUBLISHERS};
 use agentmesh::net::{CARDS_TOPIC, HEARTBEATS_TOPIC};
 use agentmesh::registry::health::Reported;
-use agentmesh::wire::{
-    self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER, MAX_MESSAGE_BYTES,
-};
+use agentmesh::wire::{self, CardBody, HeartbeatAgent, HeartbeatBody, MAX_MESSAGE_BYTES};
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::identity::Keypair;
@@ -24,6 +23,14 @@ use common::daemon::{p99, Daemon, DEADLINE};
 
 /// The honest daemon's resident memory after the attack stays under this.
 const RSS_BOUND_MB: u64 = 200;
+/// The per-publisher limit the daemon runs with here, so that a flood past it is quick to send.
+const PER_PUBLISHER: usize = 500;
+/// Fresh keys the heartbeat flood signs with, and the agents each heartbeat lists.
+const FRESH_KEYS: usize = 100_000;
+const AGENTS_PER_BEAT: usize = 8;
+/// Memory the heartbeat flood may add at most. Unbounded, its publisher state and lists would take
+/// well over this (100,000 publishers, 800,000 list entries).
+const FLOOD_GROWTH_BOUND_MB: u64 = 80;
 /// Discovery answers during the attack stay under this at p99 (the target on an idle machine is
 /// a few milliseconds; this bound leaves room for a loaded CI machine running other tests).
 const P99_BOUND: Duration = Duration::from_millis(250);
@@ -165,8 +172,17 @@ async fn query_while<F: std::future::Future<Output = ()>>(http: &str, attack: F)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serving() {
-    let daemon =
-        Daemon::start(&["--heartbeat-interval", "500ms", "--degraded-after", "3s", "--inactive-after", "6s"]);
+    let limit = PER_PUBLISHER.to_string();
+    let daemon = Daemon::start(&[
+        "--heartbeat-interval",
+        "500ms",
+        "--degraded-after",
+        "3s",
+        "--inactive-after",
+        "6s",
+        "--max-agents-per-publisher",
+        &limit,
+    ]);
     let honest = json!({"agent_id": "honest", "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]});
     let r = daemon.register(&honest).await;
     assert!(r.status().is_success());
@@ -207,16 +223,26 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
             vec![HeartbeatAgent { agent_id: "honest".into(), seq: u64::MAX, reported: Reported::Offline }];
         let hb = HeartbeatBody { sent_at: 1, digest: wire::agents_digest(&agents), agents: Some(agents) };
         attack.send(&beats, wire::seal_heartbeat(&key, &hb)).await;
-        // Then 10,000 agents under one key, in batches at the pace the daemon takes them in.
-        for batch in 0..40u64 {
-            for i in 0..250 {
-                attack.publish(&cards, sealed_card(&key, &format!("flood-{}", batch * 250 + i), 1));
+        // Then twice the per-publisher limit under one key: the excess is not taken, and not blamed (a
+        // card alone does not prove its publisher is over the limit), so the peer stays connected.
+        for batch in 0..4 {
+            for i in 0..PER_PUBLISHER / 2 {
+                attack.publish(
+                    &cards,
+                    sealed_card(&key, &format!("flood-{}", batch * PER_PUBLISHER / 2 + i), 1),
+                );
             }
             attack.deliver().await;
-            if attack.closed {
-                break;
-            }
+            assert!(!attack.closed, "over-limit cards alone got the peer disconnected");
         }
+        // Forgeries until banned.
+        for i in 0..2 * MAX_STRIKES {
+            let mut forged = sealed_card(&key, &format!("forged-{i}"), 1);
+            let end = forged.len() - 1;
+            forged[end] ^= 0xff;
+            attack.publish(&cards, forged);
+        }
+        attack.deliver().await;
         assert!(attack.closed, "the daemon disconnected the hostile peer: {}", daemon.status().await);
     })
     .await;
@@ -235,7 +261,8 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
     // What got through is bounded: at most the per-publisher limit of the hostile key's agents.
     let view = daemon.get("/api/v1/discovery/capabilities?limit=1").await;
     let total = view["total_agents"].as_u64().unwrap();
-    assert!(total <= MAX_AGENTS_PER_PUBLISHER as u64 + 2, "{total} agents held");
+    assert!(total <= PER_PUBLISHER as u64 + 2, "{total} agents held");
+    assert!(status["rejected"]["publisher_over_limit"].as_u64().unwrap() >= PER_PUBLISHER as u64 / 2);
     // The honest agent was not touched by heartbeats signed with another key.
     let honest = daemon.get("/api/v1/agents/honest").await;
     assert_eq!(honest["health_status"], "active", "{honest}");
@@ -262,4 +289,55 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
     );
     assert!(rss_after < RSS_BOUND_MB, "RSS {rss_after} MB");
     assert!(p99 < P99_BOUND, "p99 {p99:?} during the attack");
+}
+
+/// Heartbeats from 100,000 fresh keys, each listing agents nobody has: every one verifies, none can be
+/// blamed, and the daemon's per-publisher state stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_from_a_hundred_thousand_fresh_keys_leave_memory_bounded() {
+    let daemon = Daemon::start(&[]);
+    let status = daemon.status().await;
+    let addr: Multiaddr = status["listen_addrs"][0].as_str().unwrap().parse().unwrap();
+    let key = Keypair::generate_ed25519();
+    let mut swarm = hostile_swarm(key);
+    let beats = IdentTopic::new(HEARTBEATS_TOPIC);
+    swarm.behaviour_mut().gossipsub.subscribe(&beats).unwrap();
+    swarm.dial(addr).unwrap();
+    let target = daemon.peer_id;
+    assert!(
+        drive(&mut swarm, |e| matches!(
+            e,
+            SwarmEvent::Behaviour(HostileEvent::Gossipsub(gossipsub::Event::Subscribed { peer_id, .. }))
+                if *peer_id == target
+        ))
+        .await,
+        "the daemon's subscription reached the hostile peer"
+    );
+    let rss_before = daemon.rss_mb();
+    let mut attack = Attack { swarm: &mut swarm, daemon: &daemon, sent: 0, closed: false };
+    let agents: Vec<HeartbeatAgent> = (0..AGENTS_PER_BEAT)
+        .map(|i| HeartbeatAgent { agent_id: format!("ghost-{i}"), seq: 1, reported: Reported::Ready })
+        .collect();
+    let digest = wire::agents_digest(&agents);
+    for batch in 0..FRESH_KEYS / 5_000 {
+        for i in 0..5_000 {
+            let fresh = Keypair::generate_ed25519();
+            let sent_at = (batch * 5_000 + i) as u64 + 1;
+            let hb = HeartbeatBody { sent_at, digest, agents: Some(agents.clone()) };
+            attack.publish(&beats, wire::seal_heartbeat(&fresh, &hb));
+        }
+        attack.deliver().await;
+        assert!(!attack.closed, "valid heartbeats got the peer disconnected");
+    }
+    let status = daemon.status().await;
+    let rss_after = daemon.rss_mb();
+    let state = &status["mesh_state"];
+    eprintln!("fresh-key heartbeats: RSS {rss_before} -> {rss_after} MB; {state}; {status}");
+    assert!(state["publishers"].as_u64().unwrap() <= MAX_TRACKED_PUBLISHERS as u64, "{state}");
+    assert!(status["accepted"].as_u64().unwrap() >= (FRESH_KEYS / 2) as u64, "most were taken in: {status}");
+    assert_eq!(status["peers_banned"], 0, "{status}");
+    assert!(
+        rss_after.saturating_sub(rss_before) < FLOOD_GROWTH_BOUND_MB,
+        "RSS {rss_before} -> {rss_after} MB"
+    );
 }

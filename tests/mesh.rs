@@ -242,7 +242,7 @@ fn closed_config(
 ) -> Config {
     Config {
         network_key: key.map(|k| k.to_owned()),
-        allowed_publishers: allowed,
+        allowed_publishers: allowed.iter().map(|p| p.parse().unwrap()).collect(),
         ..mesh_config(dir, bootstrap)
     }
 }

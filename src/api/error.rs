@@ -30,6 +30,9 @@ pub enum ApiError {
     Unavailable(String),
     #[error("internal error")]
     Internal { request_id: String },
+    /// A registration past a configured limit (`max_agents_per_publisher`): nothing was registered.
+    #[error("{message}")]
+    LimitReached { message: String, setting: &'static str, limit: usize },
     /// The data directory cannot be written (full disk, read-only): nothing was registered.
     #[error("the node cannot store this change: {0}")]
     Storage(String),
@@ -69,6 +72,10 @@ impl From<RegistryError> for ApiError {
                 tracing::error!(error = %e, "store witness write failed");
                 Self::Storage(e.to_string())
             }
+            RegistryError::LocalLimit { limit, .. } => {
+                Self::LimitReached { message: e.to_string(), setting: "max_agents_per_publisher", limit }
+            }
+            RegistryError::StoreOverLimit { .. } => Self::internal(&e),
         }
     }
 }
@@ -109,6 +116,11 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "unavailable", "message": message}))
             }
+            ApiError::LimitReached { setting, limit, .. } => (
+                StatusCode::CONFLICT,
+                json!({"error": "limit_reached", "message": message,
+                       "details": {"setting": setting, "limit": limit}}),
+            ),
             ApiError::Storage(_) => (
                 StatusCode::INSUFFICIENT_STORAGE,
                 json!({"error": "storage_unavailable", "message": message}),

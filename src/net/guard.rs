@@ -5,21 +5,10 @@
 //!
 //! Pure: time is a parameter (milliseconds), so the rules are unit-tested without waiting.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
 use libp2p::identity::PeerId;
+use std::collections::HashMap;
 
-/// Rejected messages within [`STRIKE_WINDOW`] that get a peer banned. Honest peers never send a
-/// message that fails verification (they verify before forwarding), so a handful is already a sign;
-/// the margin covers a peer with a different allow-list in a misconfigured closed mesh.
-pub const MAX_STRIKES: u32 = 20;
-/// The window strikes are counted over.
-pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
-/// How long a banned peer is refused.
-pub const BAN_FOR: Duration = Duration::from_secs(600);
-/// Peers tracked at most (strikes and bans); the oldest entries go first beyond it.
-pub const MAX_TRACKED_PEERS: usize = 4096;
+pub use crate::defaults::{BAN_FOR, MAX_STRIKES, MAX_TRACKED_PEERS, STRIKE_WINDOW};
 
 #[derive(Debug, Clone, Copy)]
 struct Strikes {

@@ -1,7 +1,7 @@
 //! The ingest worker: verifies and applies what peers send, one message at a time, and tells the event
 //! loop how each gossip message fared so gossipsub forwards the good and penalises the forged.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use libp2p::gossipsub::{MessageAcceptance, MessageId};
@@ -11,7 +11,6 @@ use tokio::sync::mpsc;
 
 use super::Counters;
 use crate::api::now_millis;
-use crate::registry::remote::Limit;
 use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
 
@@ -19,8 +18,9 @@ use crate::wire::{self, Message, WireError};
 pub enum Inbound {
     /// A gossip message awaiting its verdict.
     Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
-    /// Signed messages from a sync response (any publisher's cards, or a heartbeat with its agent list).
-    Signed { from: PeerId, messages: Vec<ByteBuf> },
+    /// Signed messages from a sync response (any publisher's cards, or a heartbeat or the chunks that
+    /// carry an agent list); `more`: the answer was cut, ask again once these are applied.
+    Signed { from: PeerId, messages: Vec<ByteBuf>, more: bool },
 }
 
 /// What the worker asks of the event loop.
@@ -40,6 +40,10 @@ pub enum Verdict {
     FetchList {
         from: PeerId,
         publisher: PeerId,
+    },
+    /// A cut sync answer from this peer is applied: ask for the rest.
+    SyncAgain {
+        peer: PeerId,
     },
     /// A sync response from this peer held messages that were refused (gossip is judged by its verdicts).
     Misbehaved {
@@ -74,8 +78,6 @@ enum Fate {
     Changed,
     /// Nothing new (a replay, an older version, this node's own): drop it quietly.
     Unchanged,
-    /// Refused for this reason (counted): penalise whoever sent it.
-    Refused(&'static str),
     /// Not taken for this reason (counted), through no fault of the sender: drop it quietly.
     NotTaken(&'static str),
 }
@@ -95,15 +97,19 @@ pub async fn run(
                     return;
                 }
             }
-            Inbound::Signed { from, messages } => {
+            Inbound::Signed { from, messages, more } => {
                 apply_signed(&registry, messages, from, &policy, &counters, &verdicts).await;
+                if more && verdicts.send(Verdict::SyncAgain { peer: from }).await.is_err() {
+                    return;
+                }
             }
         }
     }
 }
 
-/// Applies a sync response: the cards in one batch (one view update for thousands of cards), anything
-/// else one by one. Each message is opened once.
+/// Applies a sync response: the cards in one batch (one view update for thousands of cards), the
+/// chunks of a long agent list together once all are there, anything else one by one. Each message is
+/// opened once.
 async fn apply_signed(
     registry: &Registry,
     messages: Vec<ByteBuf>,
@@ -113,6 +119,7 @@ async fn apply_signed(
     verdicts: &mpsc::Sender<Verdict>,
 ) {
     let mut cards = Vec::with_capacity(messages.len());
+    let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
     let mut rejected = 0u32;
     for message in messages {
         let Ok(verified) = open(&message, from, policy, counters) else {
@@ -124,6 +131,11 @@ async fn apply_signed(
                 if publisher != policy.me =>
             {
                 cards.push(card_update(publisher, body, *card, sig));
+            }
+            wire::Verified { publisher, message: Message::ListChunk(chunk), .. }
+                if publisher != policy.me =>
+            {
+                chunks.entry(publisher).or_default().push((chunk, message));
             }
             verified => {
                 let acceptance =
@@ -140,9 +152,45 @@ async fn apply_signed(
             rejected += u32::from(acceptance == MessageAcceptance::Reject);
         }
     }
+    for (publisher, chunks) in chunks {
+        let acceptance = apply_list(registry, publisher, chunks, from, counters, verdicts);
+        rejected += u32::from(acceptance == MessageAcceptance::Reject);
+    }
     if rejected > 0 {
         let _ = verdicts.try_send(Verdict::Misbehaved { peer: from, rejected });
     }
+}
+
+/// Installs a publisher's long agent list from the signed chunks of one answer. Chunks that do not
+/// make a whole list are dropped (the next heartbeat fetches again); chunks that contradict their own
+/// digest, or a list longer than the publisher may have, are the publisher's fault.
+fn apply_list(
+    registry: &Registry,
+    publisher: PeerId,
+    chunks: Vec<(wire::ListChunkBody, ByteBuf)>,
+    from: PeerId,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) -> MessageAcceptance {
+    let (bodies, signed): (Vec<_>, Vec<_>) = chunks.into_iter().unzip();
+    let (digest, agents) = match wire::assemble_list(&bodies) {
+        Ok(list) => list,
+        Err(wire::AssemblyError::DigestMismatch) => return reject(counters, "bad_list"),
+        Err(error) => {
+            tracing::debug!(%publisher, %from, %error, "agent list chunks dropped");
+            return refuse(counters, "incomplete_list", false);
+        }
+    };
+    if agents.len() > registry.limits().per_publisher {
+        tracing::debug!(%publisher, agents = agents.len(), "agent list over the per-publisher limit");
+        return refuse(counters, "publisher_over_limit", false);
+    }
+    let signed = signed.into_iter().map(|m| Arc::<[u8]>::from(m.into_vec())).collect();
+    let outcome = registry.remote_list(publisher, digest, agents, signed, now_millis());
+    if !outcome.missing.is_empty() {
+        let _ = verdicts.try_send(Verdict::Pull { from, publisher, agent_ids: outcome.missing });
+    }
+    tally(counters, publisher, Ok(changed(outcome.list_installed)))
 }
 
 /// Counts a refusal by reason: `Reject` when the sender is to blame (it earns a strike), else `Ignore`.
@@ -205,12 +253,10 @@ fn card_applied(
         }
         Applied::OverLimit(limit) => {
             tracing::debug!(%agent_id, %publisher, reason = limit.reason(), "card refused: over a limit");
-            match limit {
-                // Every node has the same per-publisher limit: whoever sends more is at fault.
-                Limit::Publisher => Fate::Refused(limit.reason()),
-                // A full view is this node's state, not the sender's doing.
-                Limit::View => Fate::NotTaken(limit.reason()),
-            }
+            // Neither is proof against the sender: a removal that frees the publisher's slot may still be
+            // on its way, the publisher's node may run with a higher limit, and a full view is this
+            // node's state. Not forwarded, counted, and nobody is struck for it.
+            Fate::NotTaken(limit.reason())
         }
         _ => Fate::Unchanged,
     })
@@ -235,7 +281,6 @@ fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryE
             counters.update(|c| c.ignored += 1);
             MessageAcceptance::Ignore
         }
-        Ok(Fate::Refused(reason)) => reject(counters, reason),
         Ok(Fate::NotTaken(reason)) => refuse(counters, reason, false),
         Err(error) => {
             tracing::warn!(%publisher, %error, "could not store a verified message");
@@ -299,6 +344,8 @@ async fn apply_verified(
             // A fetched list is applied but not forwarded: it is old news to everyone else.
             Ok(changed(!outcome.replayed && !outcome.list_installed))
         }
+        // Chunks answer list fetches; gossiped, they are nobody's news.
+        Message::ListChunk(_) => Ok(Fate::Unchanged),
     };
     tally(counters, publisher, outcome)
 }
@@ -322,10 +369,15 @@ mod tests {
 
     impl Harness {
         fn new() -> Self {
+            Self::with_limits(crate::registry::Limits::default())
+        }
+
+        fn with_limits(limits: crate::registry::Limits) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let key = Keypair::generate_ed25519();
             let me = key.public().to_peer_id();
-            let (registry, _) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+            let (registry, _) =
+                Registry::open_checked(dir.path(), key, Thresholds::default(), limits, false).unwrap();
             let (verdicts, _rx) = mpsc::channel(16);
             Self {
                 registry,
@@ -456,8 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_view_is_counted_but_does_not_blame_the_sender() {
-        let h = Harness::new();
-        h.registry.limit_remote_records(2);
+        let h = Harness::with_limits(crate::registry::Limits { per_publisher: 2, remote_records: 2 });
         let relay = Keypair::generate_ed25519();
         for (i, publisher) in (0..3).map(|_| Keypair::generate_ed25519()).enumerate() {
             let expected = if i < 2 { MessageAcceptance::Accept } else { MessageAcceptance::Ignore };
@@ -468,18 +519,64 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_publisher_over_its_limit_is_rejected_not_ignored() {
-        let h = Harness::new();
-        let flooder = Keypair::generate_ed25519();
-        for i in 0..wire::MAX_AGENTS_PER_PUBLISHER {
-            assert_eq!(
-                h.gossip(&card_msg(&flooder, &format!("a{i}"), 1), &flooder).await,
-                MessageAcceptance::Accept
-            );
+    async fn a_publisher_over_its_limit_is_ignored_and_counted_but_nobody_is_blamed() {
+        let h = Harness::with_limits(crate::registry::Limits { per_publisher: 3, remote_records: 100 });
+        let big = Keypair::generate_ed25519();
+        for i in 0..3 {
+            let msg = card_msg(&big, &format!("a{i}"), 1);
+            assert_eq!(h.gossip(&msg, &big).await, MessageAcceptance::Accept);
         }
-        let over = card_msg(&flooder, "one-too-many", 1);
-        assert_eq!(h.gossip(&over, &flooder).await, MessageAcceptance::Reject);
+        let over = card_msg(&big, "one-too-many", 1);
+        assert_eq!(h.gossip(&over, &big).await, MessageAcceptance::Ignore);
         assert_eq!(h.rejected("publisher_over_limit"), 1);
-        assert_eq!(h.view().len(), wire::MAX_AGENTS_PER_PUBLISHER);
+        assert_eq!(h.view().len(), 3);
+    }
+
+    /// Chunks of a long list, fetched over sync: installed once all are there, refreshing what is held
+    /// and naming what is missing; chunks that contradict their digest are the publisher's fault.
+    #[tokio::test]
+    async fn a_long_list_is_installed_from_its_chunks() {
+        let (verdicts, mut rx) = mpsc::channel(16);
+        let h = Harness { verdicts, ..Harness::new() };
+        let publisher = Keypair::generate_ed25519();
+        let p = publisher.public().to_peer_id();
+        let relay = Keypair::generate_ed25519().public().to_peer_id();
+        assert_eq!(
+            h.gossip(&card_msg(&publisher, "agent-0", 1), &publisher).await,
+            MessageAcceptance::Accept
+        );
+        let agents: Vec<HeartbeatAgent> = (0..wire::LIST_CHUNK_AGENTS + 1)
+            .map(|i| HeartbeatAgent {
+                agent_id: format!("agent-{i}"),
+                seq: 1,
+                reported: crate::registry::health::Reported::Ready,
+            })
+            .collect();
+        let digest = wire::agents_digest(&agents);
+        // The digest-only heartbeat of a list this node does not hold: fetch it.
+        let hb = HeartbeatBody { sent_at: 10, digest, agents: None };
+        h.gossip(&wire::seal_heartbeat(&publisher, &hb), &publisher).await;
+        assert!(matches!(rx.try_recv(), Ok(Verdict::FetchList { publisher: q, .. }) if q == p));
+        let chunks = wire::seal_list_chunks(&publisher, &agents, digest);
+        assert_eq!(chunks.len(), 2);
+        // Half a list changes nothing and blames nobody.
+        let messages = |c: &[Vec<u8>]| c.iter().map(|m| ByteBuf::from(m.clone())).collect::<Vec<_>>();
+        apply_signed(&h.registry, messages(&chunks[..1]), relay, &h.policy, &h.counters, &h.verdicts).await;
+        assert!(rx.try_recv().is_err());
+        assert_eq!(h.registry.signed_list(&p), None);
+        // The whole list: installed, the held agent refreshed, the others pulled.
+        apply_signed(&h.registry, messages(&chunks), relay, &h.policy, &h.counters, &h.verdicts).await;
+        match rx.try_recv() {
+            Ok(Verdict::Pull { agent_ids, .. }) => assert_eq!(agent_ids.len(), wire::LIST_CHUNK_AGENTS),
+            _ => panic!("the missing agents are pulled"),
+        }
+        assert_eq!(h.registry.signed_list(&p).map(|l| l.len()), Some(2), "served on to others");
+        let entry = h.registry.snapshot().entries[0].clone();
+        assert!(entry.last_heartbeat(0).is_some());
+        // Chunks whose agents do not make their digest: rejected, the relay struck.
+        let lying = wire::seal_list_chunks(&publisher, &agents[1..], digest);
+        apply_signed(&h.registry, messages(&lying), relay, &h.policy, &h.counters, &h.verdicts).await;
+        assert!(matches!(rx.try_recv(), Ok(Verdict::Misbehaved { rejected: 1, .. })));
+        assert_eq!(h.rejected("bad_list"), 1);
     }
 }

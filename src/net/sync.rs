@@ -5,11 +5,10 @@ use serde_bytes::ByteBuf;
 
 /// Protocol name of the sync exchange.
 pub const PROTOCOL: &str = "/agentmesh/sync/1.0.0";
-/// Most card messages in one response; the rest follow on the next round.
-pub const MAX_CARDS_PER_RESPONSE: usize = 2000;
-/// Largest request (a digest of every record: ~70 bytes each) and response accepted.
-pub const MAX_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
-pub const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+pub use crate::defaults::{
+    MAX_CARDS_PER_RESPONSE, MAX_SYNC_REQUEST_BYTES as MAX_REQUEST_BYTES,
+    MAX_SYNC_RESPONSE_BYTES as MAX_RESPONSE_BYTES,
+};
 
 /// One record as a digest lists it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -29,15 +28,19 @@ pub enum SyncRequest {
     /// "Send me these records" (named by a heartbeat I could not match).
     Pull { publisher: ByteBuf, agent_ids: Vec<String> },
     /// "Send me this publisher's current agent list" (a heartbeat named a digest I hold no list for):
-    /// answered with the publisher's signed heartbeat that carried it, or nothing.
+    /// answered with the publisher's signed heartbeat that carried it, or every signed chunk of a long
+    /// list, or nothing.
     List { publisher: ByteBuf },
 }
 
-/// Signed messages (cards, or the heartbeat with a list), exactly as their publishers made them; for a
-/// summary, whether the two views differ (then the requester sends its full digest).
+/// Signed messages (cards, or the heartbeat or chunks that carry a list), exactly as their publishers
+/// made them; for a summary, whether the two views differ (then the requester sends its full digest).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct SyncResponse {
     pub cards: Vec<ByteBuf>,
     #[serde(default)]
     pub differs: bool,
+    /// The answer was cut at `MAX_CARDS_PER_RESPONSE`: ask again once these are applied.
+    #[serde(default)]
+    pub more: bool,
 }

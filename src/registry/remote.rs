@@ -1,5 +1,10 @@
 //! What the registry does for the mesh: per-publisher limits, tombstones, heartbeats from other nodes,
 //! eviction, and the digest and signed messages that anti-entropy exchanges.
+//!
+//! Every map here is bounded by a named limit (`crate::defaults`): publishers tracked
+//! (`MAX_TRACKED_PUBLISHERS`), list entries (`MAX_LIST_ENTRIES`), tombstones (`MAX_TOMBSTONES`), and
+//! the records themselves (`Limits`). Beyond a bound, what matters least goes first: state of
+//! publishers that hold no record here, least recently heard first; the oldest tombstones.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,19 +15,36 @@ use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
-use crate::wire::{HeartbeatAgent, HeartbeatBody, MAX_AGENTS_PER_PUBLISHER};
+use crate::defaults::{self, MAX_LIST_ENTRIES, MAX_TOMBSTONES, MAX_TRACKED_PUBLISHERS};
+use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
-/// Remote records held in all, whoever published them: a bound on the memory that many publishers
-/// (or many keys of one hostile peer) can take. About 5 KB each at most: some 250 MB at the limit.
-pub const MAX_REMOTE_RECORDS: usize = 50_000;
+/// How many records the view takes: the same numbers decide what this node admits locally and what
+/// it takes from the mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Records one publisher may have, this node included (`max_agents_per_publisher`).
+    pub per_publisher: usize,
+    /// Remote records held in all (`max_remote_records`).
+    pub remote_records: usize,
+}
 
-/// Why a new remote record was not admitted.
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            per_publisher: defaults::MAX_AGENTS_PER_PUBLISHER,
+            remote_records: defaults::MAX_REMOTE_RECORDS,
+        }
+    }
+}
+
+/// Why a new remote record was not admitted. Neither blames the sender: a card alone does not prove
+/// its publisher is over the limit (a removal that frees a slot may still be on its way, or the
+/// publisher's node may be configured with a higher limit), and a full view is this node's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
-    /// The publisher already has `MAX_AGENTS_PER_PUBLISHER` records here.
+    /// The publisher already has `Limits::per_publisher` records here.
     Publisher,
-    /// The view already holds `MAX_REMOTE_RECORDS` remote records (counted, but the sender is not
-    /// penalised: a full view is this node's state, not the sender's doing).
+    /// The view already holds `Limits::remote_records` remote records.
     View,
 }
 
@@ -36,12 +58,12 @@ impl Limit {
     }
 }
 
-/// A publisher's agent list, its digest, and the signed heartbeat that carried it (served to nodes
-/// that missed it).
+/// A publisher's agent list, its digest, and the signed messages that carried it (the heartbeat, or
+/// the chunks of a long list), served to nodes that missed it.
 struct KnownList {
     digest: u64,
     agents: Arc<Vec<HeartbeatAgent>>,
-    signed: Arc<[u8]>,
+    signed: Arc<[Arc<[u8]>]>,
 }
 
 /// The newest heartbeat heard from a publisher.
@@ -53,6 +75,70 @@ struct Heard {
     at: Millis,
 }
 
+/// What this node knows of one remote publisher besides its records.
+#[derive(Default)]
+struct PublisherState {
+    heard: Heard,
+    list: Option<KnownList>,
+    /// Its leave, with the leave's seq: the tombstones of that leave hold until a heartbeat sent after
+    /// it shows the publisher back.
+    left: Option<u64>,
+    /// Last time anything of this publisher arrived, for eviction order.
+    touched: Millis,
+}
+
+/// Per-publisher mesh state, bounded in publishers and in list entries.
+#[derive(Default)]
+struct Publishers {
+    map: HashMap<PeerId, PublisherState>,
+    /// Entries of every list held.
+    list_entries: usize,
+}
+
+impl Publishers {
+    fn set_list(&mut self, publisher: PeerId, list: Option<KnownList>) {
+        let Some(state) = self.map.get_mut(&publisher) else { return };
+        let added = list.as_ref().map_or(0, |l| l.agents.len());
+        let removed = std::mem::replace(&mut state.list, list).map_or(0, |l| l.agents.len());
+        self.list_entries = self.list_entries + added - removed;
+    }
+
+    fn remove(&mut self, publisher: &PeerId) {
+        if let Some(state) = self.map.remove(publisher) {
+            self.list_entries -= state.list.map_or(0, |l| l.agents.len());
+        }
+    }
+
+    /// Publishers by how little they matter: no record here first, then least recently heard.
+    fn eviction_order(&self, holds: impl Fn(&PeerId) -> bool, keep: PeerId) -> Vec<PeerId> {
+        let mut order: Vec<(bool, Millis, PeerId)> =
+            self.map.iter().filter(|(p, _)| **p != keep).map(|(p, s)| (holds(p), s.touched, *p)).collect();
+        order.sort_unstable_by_key(|&(holds, touched, _)| (holds, touched));
+        order.into_iter().map(|(_, _, p)| p).collect()
+    }
+
+    /// Brings the table back under its bounds, sparing `keep` (the publisher just heard). Trims to 7/8
+    /// of a bound at once, so a stream of fresh keys pays for one sort per many arrivals.
+    fn bound(&mut self, holds: impl Fn(&PeerId) -> bool, keep: PeerId) {
+        if self.map.len() > MAX_TRACKED_PUBLISHERS {
+            let target = MAX_TRACKED_PUBLISHERS - MAX_TRACKED_PUBLISHERS / 8;
+            let excess = self.map.len() - target;
+            for publisher in self.eviction_order(&holds, keep).into_iter().take(excess) {
+                self.remove(&publisher);
+            }
+        }
+        if self.list_entries > MAX_LIST_ENTRIES {
+            let target = MAX_LIST_ENTRIES - MAX_LIST_ENTRIES / 8;
+            for publisher in self.eviction_order(&holds, keep) {
+                if self.list_entries <= target {
+                    break;
+                }
+                self.set_list(publisher, None);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counts {
     per_publisher: HashMap<PeerId, usize>,
@@ -62,22 +148,15 @@ struct Counts {
 /// Mesh bookkeeping that lives beside the view, in memory only.
 #[derive(Default)]
 pub(super) struct RemoteState {
+    limits: Limits,
     /// Records removed recently, with the removal's seq and when: an older card arriving later (a
-    /// replay, or a slow path through the mesh) must not bring the agent back.
+    /// replay, or a slow path through the mesh) must not bring the agent back. At most
+    /// `MAX_TOMBSTONES`, forgotten after `evict_after`.
     tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
-    /// Records held per remote publisher, bounded by `MAX_AGENTS_PER_PUBLISHER`, and in all.
+    /// Records held per remote publisher, bounded by `Limits::per_publisher`, and in all.
     counts: Mutex<Counts>,
-    /// A lower bound than `MAX_REMOTE_RECORDS` for tests (0: none).
-    #[cfg(test)]
-    max_records: std::sync::atomic::AtomicUsize,
-    /// Publishers that announced their leave, with its seq: their records' tombstones hold until a
-    /// heartbeat sent after the leave shows the publisher back.
-    /// Forgotten with the tombstones, after `evict_after`.
-    left: Mutex<HashMap<PeerId, (u64, Millis)>>,
-    /// The newest heartbeat seen per publisher: older or equal ones are replays.
-    last_heartbeat: Mutex<HashMap<PeerId, Heard>>,
-    /// The last full agent list per publisher, by digest, for the heartbeats that carry only the digest.
-    lists: Mutex<HashMap<PeerId, KnownList>>,
+    /// Newest heartbeat, agent list and leave per publisher. Lock order: `publishers`, then `counts`.
+    publishers: Mutex<Publishers>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,17 +164,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RemoteState {
+    pub(super) fn new(limits: Limits) -> Self {
+        Self { limits, ..Self::default() }
+    }
+
+    pub(super) fn limits(&self) -> Limits {
+        self.limits
+    }
+
     pub(super) fn outranks_tombstone(&self, key: &RecordKey, seq: u64) -> bool {
         lock(&self.tombstones).get(key).is_none_or(|&(removed, _)| seq > removed)
     }
 
     /// A heartbeat sent at `sent_at`: if the publisher had left before then, it is back, and the
     /// tombstones of its leave no longer hide the records it still holds (at their old seqs).
-    fn returned(&self, publisher: PeerId, sent_at: u64) {
-        let mut left = lock(&self.left);
-        let Some(&(leave, _)) = left.get(&publisher) else { return };
+    fn returned(&self, state: &mut PublisherState, publisher: PeerId, sent_at: u64) {
+        let Some(leave) = state.left else { return };
         if sent_at > leave {
-            left.remove(&publisher);
+            state.left = None;
             lock(&self.tombstones).retain(|key, &mut (seq, _)| key.publisher != publisher || seq != leave);
         }
     }
@@ -106,6 +192,20 @@ impl RemoteState {
         if seq >= slot.0 {
             *slot = (seq, now);
         }
+        if tombstones.len() > MAX_TOMBSTONES {
+            // The oldest eighth goes: an older copy of one of those cards could come back, which is
+            // what eviction would allow later anyway.
+            let mut ages: Vec<Millis> = tombstones.values().map(|&(_, at)| at).collect();
+            let cut = ages.len() - (MAX_TOMBSTONES - MAX_TOMBSTONES / 8);
+            let (_, &mut horizon, _) = ages.select_nth_unstable(cut);
+            tombstones.retain(|_, &mut (_, at)| at > horizon);
+        }
+    }
+
+    fn holds_records(&self) -> impl Fn(&PeerId) -> bool + '_ {
+        let counts = lock(&self.counts);
+        let holding: std::collections::HashSet<PeerId> = counts.per_publisher.keys().copied().collect();
+        move |p| holding.contains(p)
     }
 
     /// Counts a new record of `publisher`, unless the publisher or the whole view is at its limit.
@@ -113,10 +213,10 @@ impl RemoteState {
         let mut counts = lock(&self.counts);
         let Counts { per_publisher, total } = &mut *counts;
         let count = per_publisher.entry(publisher).or_default();
-        if *count >= MAX_AGENTS_PER_PUBLISHER {
+        if *count >= self.limits.per_publisher {
             return Err(Limit::Publisher);
         }
-        if *total >= self.max_records() {
+        if *total >= self.limits.remote_records {
             if *count == 0 {
                 per_publisher.remove(&publisher);
             }
@@ -127,15 +227,6 @@ impl RemoteState {
         Ok(())
     }
 
-    fn max_records(&self) -> usize {
-        #[cfg(test)]
-        match self.max_records.load(Ordering::Relaxed) {
-            0 => {}
-            n => return n,
-        }
-        MAX_REMOTE_RECORDS
-    }
-
     /// Counts a record loaded from the store (limits apply to what arrives, not to what was kept).
     pub(super) fn count_loaded(&self, publisher: PeerId) {
         let mut counts = lock(&self.counts);
@@ -143,16 +234,29 @@ impl RemoteState {
         counts.total += 1;
     }
 
-    pub(super) fn release(&self, publisher: PeerId) {
+    /// Uncounts a record; true when that was the publisher's last one here.
+    pub(super) fn release(&self, publisher: PeerId) -> bool {
         let mut counts = lock(&self.counts);
         let Counts { per_publisher, total } = &mut *counts;
-        if let Some(count) = per_publisher.get_mut(&publisher) {
-            *count = count.saturating_sub(1);
-            *total = total.saturating_sub(1);
-            if *count == 0 {
-                per_publisher.remove(&publisher);
-            }
+        let Some(count) = per_publisher.get_mut(&publisher) else { return false };
+        *count = count.saturating_sub(1);
+        *total = total.saturating_sub(1);
+        if *count == 0 {
+            per_publisher.remove(&publisher);
+            return true;
         }
+        false
+    }
+
+    /// Publishers tracked and list entries held (status and tests).
+    pub(super) fn tracked(&self) -> (usize, usize) {
+        let publishers = lock(&self.publishers);
+        (publishers.map.len(), publishers.list_entries)
+    }
+
+    /// Tombstones held (status and tests).
+    pub(super) fn tombstones(&self) -> usize {
+        lock(&self.tombstones).len()
     }
 }
 
@@ -171,6 +275,18 @@ pub struct HeartbeatOutcome {
     pub list_installed: bool,
 }
 
+impl Publishers {
+    fn over_bounds(&self) -> bool {
+        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > MAX_LIST_ENTRIES
+    }
+}
+
+/// The signed messages that carry an agent list: one heartbeat, or every chunk of a long list.
+pub type SignedList = Arc<[Arc<[u8]>]>;
+
+/// A list as it arrived: its agents and the signed messages that carried it.
+type CarriedList = (Vec<HeartbeatAgent>, Vec<Arc<[u8]>>);
+
 impl Registry {
     /// Applies a verified heartbeat of `publisher`, received at `now` (this node's clock: liveness never
     /// depends on the publisher's clock, only the ordering of its heartbeats does). `signed` is the
@@ -186,58 +302,95 @@ impl Registry {
         signed: &[u8],
         now: Millis,
     ) -> HeartbeatOutcome {
-        let mut outcome = HeartbeatOutcome::default();
         if publisher == self.me {
-            return outcome;
+            return HeartbeatOutcome::default();
         }
-        let heard = {
-            let mut last = lock(&self.remote.last_heartbeat);
-            let seen = last.entry(publisher).or_default();
-            if body.sent_at <= seen.sent_at {
-                let wanted = body.agents.is_some()
-                    && body.digest == seen.digest
-                    && lock(&self.remote.lists).get(&publisher).is_none_or(|l| l.digest != body.digest);
+        let carried = body.agents.as_ref().map(|agents| (agents.clone(), vec![Arc::<[u8]>::from(signed)]));
+        self.heard(publisher, Some(body.sent_at), body.digest, carried, now)
+    }
+
+    /// Applies a publisher's long agent list, reassembled from its signed chunks (the answer to a list
+    /// fetch): installed when it is the list of the newest heartbeat heard, like a fetched heartbeat.
+    pub fn remote_list(
+        &self,
+        publisher: PeerId,
+        digest: u64,
+        agents: Vec<HeartbeatAgent>,
+        chunks: Vec<Arc<[u8]>>,
+        now: Millis,
+    ) -> HeartbeatOutcome {
+        if publisher == self.me {
+            return HeartbeatOutcome::default();
+        }
+        self.heard(publisher, None, digest, Some((agents, chunks)), now)
+    }
+
+    /// A heartbeat (`sent_at` set) or a fetched list (`None`) of `publisher`, naming list `digest`, and
+    /// carrying the list itself when `carried`.
+    fn heard(
+        &self,
+        publisher: PeerId,
+        sent_at: Option<u64>,
+        digest: u64,
+        carried: Option<CarriedList>,
+        now: Millis,
+    ) -> HeartbeatOutcome {
+        let mut outcome = HeartbeatOutcome::default();
+        let (heard, list) = {
+            let mut publishers = lock(&self.remote.publishers);
+            let state = publishers.map.entry(publisher).or_default();
+            let newer = sent_at.is_some_and(|at| at > state.heard.sent_at);
+            if newer {
+                state.heard = Heard { sent_at: sent_at.unwrap_or_default(), digest, at: now };
+            } else {
+                let wanted = carried.is_some()
+                    && digest == state.heard.digest
+                    && state.heard.at > 0
+                    && state.list.as_ref().is_none_or(|l| l.digest != digest);
                 if !wanted {
                     outcome.replayed = true;
                     return outcome;
                 }
                 outcome.list_installed = true;
-                *seen
-            } else {
-                *seen = Heard { sent_at: body.sent_at, digest: body.digest, at: now };
-                *seen
             }
-        };
-        self.remote.returned(publisher, body.sent_at);
-        let snapshot = self.snapshot();
-        let list = match &body.agents {
-            Some(agents) => {
-                let list = Arc::new(agents.clone());
-                let known = KnownList { digest: body.digest, agents: list.clone(), signed: signed.into() };
-                lock(&self.remote.lists).insert(publisher, known);
-                list
+            state.touched = now;
+            if let Some(at) = sent_at {
+                self.remote.returned(state, publisher, at);
             }
-            None => match lock(&self.remote.lists).get(&publisher) {
-                Some(known) if known.digest == body.digest => known.agents.clone(),
-                // A list this node missed: the publisher is alive, so its agents held here stay fresh
-                // with the states last heard until the fetched list arrives.
-                _ => {
-                    outcome.unknown_list = true;
-                    Arc::new(
-                        snapshot
-                            .entries
-                            .iter()
-                            .filter(|e| e.key.publisher == publisher)
-                            .map(|e| HeartbeatAgent {
-                                agent_id: e.key.agent_id.clone(),
-                                seq: e.seq,
-                                reported: e.reported(),
-                            })
-                            .collect(),
-                    )
+            let heard = state.heard;
+            let list = match carried {
+                Some((agents, signed)) => {
+                    let agents = Arc::new(agents);
+                    let known = KnownList { digest, agents: agents.clone(), signed: signed.into() };
+                    publishers.set_list(publisher, Some(known));
+                    Some(agents)
                 }
-            },
+                None => state.list.as_ref().filter(|l| l.digest == digest).map(|l| l.agents.clone()),
+            };
+            if publishers.over_bounds() {
+                let holds = self.remote.holds_records();
+                publishers.bound(holds, publisher);
+            }
+            (heard, list)
         };
+        let snapshot = self.snapshot();
+        let list = list.unwrap_or_else(|| {
+            // A list this node missed: the publisher is alive, so its agents held here stay fresh with
+            // the states last heard until the fetched list arrives.
+            outcome.unknown_list = true;
+            Arc::new(
+                snapshot
+                    .entries
+                    .iter()
+                    .filter(|e| e.key.publisher == publisher)
+                    .map(|e| HeartbeatAgent {
+                        agent_id: e.key.agent_id.clone(),
+                        seq: e.seq,
+                        reported: e.reported(),
+                    })
+                    .collect(),
+            )
+        });
         let mut changed = false;
         for agent in list.iter() {
             match snapshot.get(&agent.agent_id, &publisher) {
@@ -254,10 +407,17 @@ impl Registry {
         outcome
     }
 
-    /// The signed heartbeat that carried `publisher`'s current agent list, for a node that missed it.
-    pub fn signed_list(&self, publisher: &PeerId) -> Option<Arc<[u8]>> {
-        let digest = lock(&self.remote.last_heartbeat).get(publisher)?.digest;
-        lock(&self.remote.lists).get(publisher).filter(|l| l.digest == digest).map(|l| l.signed.clone())
+    /// The signed messages that carried `publisher`'s current agent list, for a node that missed it.
+    pub fn signed_list(&self, publisher: &PeerId) -> Option<SignedList> {
+        let publishers = lock(&self.remote.publishers);
+        let state = publishers.map.get(publisher)?;
+        state.list.as_ref().filter(|l| l.digest == state.heard.digest).map(|l| l.signed.clone())
+    }
+
+    /// Publishers tracked, list entries and tombstones held: the bounded mesh state.
+    pub fn mesh_state_size(&self) -> (usize, usize, usize) {
+        let (publishers, list_entries) = self.remote.tracked();
+        (publishers, list_entries, self.remote.tombstones())
     }
 
     /// This node's agent list for its heartbeat: every local agent with its card seq and its state as
@@ -310,9 +470,15 @@ impl Registry {
             self.publish(&map);
         }
         result?;
-        lock(&self.remote.left).insert(publisher, (seq, now));
-        lock(&self.remote.last_heartbeat).remove(&publisher);
-        lock(&self.remote.lists).remove(&publisher);
+        let mut publishers = lock(&self.remote.publishers);
+        publishers.remove(&publisher);
+        publishers
+            .map
+            .insert(publisher, PublisherState { left: Some(seq), touched: now, ..Default::default() });
+        if publishers.over_bounds() {
+            let holds = self.remote.holds_records();
+            publishers.bound(holds, publisher);
+        }
         Ok(doomed.len())
     }
 
@@ -320,7 +486,20 @@ impl Registry {
     pub async fn evict(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
         let horizon = now.saturating_sub(evict_after.as_millis() as u64);
         lock(&self.remote.tombstones).retain(|_, &mut (_, at)| at >= horizon);
-        lock(&self.remote.left).retain(|_, &mut (_, at)| at >= horizon);
+        {
+            // Publishers not heard of since the horizon and holding nothing here are forgotten.
+            let holds = self.remote.holds_records();
+            let mut publishers = lock(&self.remote.publishers);
+            let silent: Vec<PeerId> = publishers
+                .map
+                .iter()
+                .filter(|(p, s)| s.touched < horizon && !holds(p))
+                .map(|(p, _)| *p)
+                .collect();
+            for publisher in &silent {
+                publishers.remove(publisher);
+            }
+        }
         let snapshot = self.snapshot();
         let stale: Vec<(RecordKey, u64)> = snapshot
             .entries
@@ -340,7 +519,7 @@ impl Registry {
             if current.is_some() {
                 self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
                 map.remove(&key);
-                self.remote.release(key.publisher);
+                self.release(key.publisher);
                 evicted += 1;
             }
         }
@@ -362,19 +541,13 @@ impl Registry {
         for key in &gone {
             self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
             map.remove(key);
-            self.remote.release(key.publisher);
+            self.release(key.publisher);
         }
         if !gone.is_empty() {
             self.store.flush().await?;
             self.publish(&map);
         }
         Ok(gone.len())
-    }
-
-    /// Lowers the limit of remote records in all, so that tests can reach it.
-    #[cfg(test)]
-    pub(crate) fn limit_remote_records(&self, n: usize) {
-        self.remote.max_records.store(n, Ordering::Relaxed);
     }
 
     /// `(publisher, agent_id, seq)` of every record held: what anti-entropy compares.
@@ -463,6 +636,12 @@ mod tests {
         Registry::open(dir, Keypair::generate_ed25519(), Thresholds::default()).unwrap().0
     }
 
+    const SMALL: Limits = Limits { per_publisher: 50, remote_records: 1_000 };
+
+    fn small_registry(dir: &std::path::Path, key: &Keypair) -> Registry {
+        Registry::open_checked(dir, key.clone(), Thresholds::default(), SMALL, false).unwrap().0
+    }
+
     /// A registry holding one remote card, `a` at seq 5, with its publisher's key and id.
     async fn holding_remote_a_at_5() -> (tempfile::TempDir, Registry, Keypair, PeerId) {
         let dir = tempfile::tempdir().unwrap();
@@ -540,7 +719,7 @@ mod tests {
         let out = r.remote_heartbeat(p, &compact, b"m101", 5_000);
         assert_eq!((out.refreshed, out.unknown_list), (1, false));
         assert_eq!(entry().health(5_000, &t), Health::Active);
-        assert_eq!(r.signed_list(&p).as_deref(), Some(&b"m100"[..]));
+        assert_eq!(r.signed_list(&p).as_deref(), Some(&[Arc::<[u8]>::from(&b"m100"[..])][..]));
         // One of an unknown list still keeps the held agents of a live publisher fresh, and the list
         // this node has is no longer current, so it serves none.
         let unknown = HeartbeatBody { sent_at: 102, digest: 42, agents: None };
@@ -602,8 +781,10 @@ mod tests {
 
     #[tokio::test]
     async fn one_publisher_cannot_fill_the_view_beyond_its_limit() {
+        const MAX_AGENTS_PER_PUBLISHER: usize = SMALL.per_publisher;
         let dir = tempfile::tempdir().unwrap();
-        let r = registry(dir.path());
+        let me = Keypair::generate_ed25519();
+        let r = small_registry(dir.path(), &me);
         let flooder = Keypair::generate_ed25519();
         let template = card("x", "1");
         for i in 0..MAX_AGENTS_PER_PUBLISHER {
@@ -630,7 +811,7 @@ mod tests {
         // The limit holds across a restart: stored records count.
         r.store.flush().await.unwrap();
         drop(r);
-        let r = registry(dir.path());
+        let r = small_registry(dir.path(), &me);
         let mut late = template.clone();
         late.agent_id = "after-restart".into();
         assert_eq!(

@@ -112,8 +112,8 @@ impl TestNode {
 /// A mesh node: ephemeral ports, short intervals so that health changes within a test's patience.
 pub fn mesh_config(dir: &Path, bootstrap: Vec<String>) -> Config {
     Config {
-        listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-        bootstrap,
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+        bootstrap: bootstrap.iter().map(|a| a.parse().unwrap()).collect(),
         heartbeat_interval: Duration::from_millis(100),
         degraded_after: Duration::from_millis(600),
         inactive_after: Duration::from_millis(1200),

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""A publisher with many agents, and empty nodes joining it: real daemon processes on loopback.
+
+    simulations/join_big.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
+        [--agents 10000] [--joiners 3] [--timeout 300]
+
+PATH_TO_DISCOVERY_BENCH is the `discovery` bench binary (`cargo bench --bench discovery --no-run` prints
+it); it writes the publisher's data directory (`--populate DIR N`). The script starts the publisher on
+it, then the joiners with `--bootstrap` to it, and polls each joiner's `/api/v1/mesh/status` until it
+holds every agent `active`. It reports, per joiner, the time to the full view, and for every node the
+resident memory, bans and rejections; memory per remote record is a joiner's RSS growth over the agent
+count. Exits non-zero if a joiner does not get there, or if anyone was banned or refused anything.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Daemon:
+    def __init__(self, binary, data_dir, extra):
+        args = [binary, "run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
+                "--log-format", "json", "--data-dir", data_dir] + extra
+        env = dict(os.environ, RUST_LOG="warn,agentmesh::node=info")
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise SystemExit(f"daemon exited: {self.proc.wait()}")
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("message") == "node started":
+                self.http = "http://" + event["http_addr"]
+                self.peer_id = event["peer_id"]
+                break
+        else:
+            raise SystemExit("daemon did not start")
+        # Keep draining stderr so the daemon never blocks on a full pipe.
+        import threading
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+
+    def status(self):
+        with urllib.request.urlopen(self.http + "/api/v1/mesh/status", timeout=10) as r:
+            return json.load(r)
+
+    def addr(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            addrs = self.status()["listen_addrs"]
+            if addrs:
+                return f"{addrs[0]}/p2p/{self.peer_id}"
+            time.sleep(0.05)
+        raise SystemExit("no listen address")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--populate-bin", required=True)
+    ap.add_argument("--agents", type=int, default=10_000)
+    ap.add_argument("--joiners", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=300)
+    opts = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="agentmesh-join-")
+    publisher_dir = os.path.join(work, "publisher")
+    subprocess.run([opts.populate_bin, "--populate", publisher_dir, str(opts.agents)], check=True,
+                   stdout=subprocess.DEVNULL)
+    daemons = []
+    try:
+        publisher = Daemon(opts.bin, publisher_dir, [])
+        daemons.append(publisher)
+        addr = publisher.addr()
+        joiners = []
+        for i in range(opts.joiners):
+            j = Daemon(opts.bin, os.path.join(work, f"joiner-{i}"), ["--bootstrap", addr])
+            j.rss_start = rss_mb(j.proc.pid)
+            j.started = time.time()
+            j.done = None
+            joiners.append(j)
+            daemons.append(j)
+        deadline = time.time() + opts.timeout
+        while any(j.done is None for j in joiners) and time.time() < deadline:
+            for j in joiners:
+                if j.done is None and j.status()["records"].get("active", 0) == opts.agents:
+                    j.done = time.time() - j.started
+            time.sleep(0.05)
+        result = {"agents": opts.agents, "joiners": []}
+        ok = True
+        for i, j in enumerate(joiners):
+            s = j.status()
+            rss = rss_mb(j.proc.pid)
+            row = {
+                "joiner": i,
+                "full_view_active_s": None if j.done is None else round(j.done, 2),
+                "active": s["records"].get("active", 0),
+                "rss_start_mb": round(j.rss_start, 1),
+                "rss_mb": round(rss, 1),
+                "kb_per_record": round((rss - j.rss_start) * 1024 / opts.agents, 2),
+                "peers_banned": s["peers_banned"],
+                "rejected": s["rejected"],
+            }
+            result["joiners"].append(row)
+            ok &= j.done is not None and s["peers_banned"] == 0 and not s["rejected"]
+        ps = publisher.status()
+        result["publisher"] = {"rss_mb": round(rss_mb(publisher.proc.pid), 1),
+                               "peers_banned": ps["peers_banned"], "rejected": ps["rejected"]}
+        ok &= ps["peers_banned"] == 0
+        print(json.dumps(result, indent=2))
+        sys.exit(0 if ok else 1)
+    finally:
+        for d in daemons:
+            d.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -128,9 +128,12 @@ pub const MAX_LIST_CHUNKS: usize = MAX_AGENTS_PER_PUBLISHER_CEILING.div_ceil(LIS
 /// publishers that hold no record here go first, least recently heard first: a stream of fresh keys
 /// costs a bounded amount of memory and evicts nobody who has agents in the view.
 pub const MAX_TRACKED_PUBLISHERS: usize = 10_000;
-/// Agent-list entries held in all, over every publisher (the lists of heartbeats, kept to refresh
-/// agents from digest-only heartbeats). Lists of publishers with no record here go first beyond it.
-pub const MAX_LIST_ENTRIES: usize = 2 * MAX_REMOTE_RECORDS;
+/// Agent-list entries held in all, over every publisher, per remote record the view may hold (the
+/// lists of heartbeats, kept to refresh agents from digest-only heartbeats): 200,000 entries at the
+/// default `max_remote_records`. Lists of publishers with no record here go first beyond it.
+pub const LIST_ENTRIES_PER_RECORD: usize = 2;
+/// The list-entry bound at the default limits.
+pub const MAX_LIST_ENTRIES: usize = LIST_ENTRIES_PER_RECORD * MAX_REMOTE_RECORDS;
 /// Tombstones (recent removals that hide older copies of a card) held at most; the oldest go first.
 pub const MAX_TOMBSTONES: usize = 100_000;
 /// List fetches waiting for their answer, or for their turn, at most (one per publisher).

@@ -185,7 +185,7 @@ pub struct Status {
     pub counters: CounterState,
 }
 
-/// Publishers tracked (`MAX_TRACKED_PUBLISHERS`), agent-list entries held (`MAX_LIST_ENTRIES`) and
+/// Publishers tracked (`MAX_TRACKED_PUBLISHERS`), agent-list entries held (`LIST_ENTRIES_PER_RECORD` per remote record) and
 /// tombstones held (`MAX_TOMBSTONES`), plus the limits records are admitted by.
 #[derive(Debug, Clone, Serialize)]
 pub struct MeshState {

@@ -2,8 +2,8 @@
 //! eviction, and the digest and signed messages that anti-entropy exchanges.
 //!
 //! Every map here is bounded by a named limit (`crate::defaults`): publishers tracked
-//! (`MAX_TRACKED_PUBLISHERS`), list entries (`MAX_LIST_ENTRIES`), tombstones (`MAX_TOMBSTONES`), and
-//! the records themselves (`Limits`). Beyond a bound, what matters least goes first: state of
+//! (`MAX_TRACKED_PUBLISHERS`), list entries (`LIST_ENTRIES_PER_RECORD` per record the view may hold),
+//! tombstones (`MAX_TOMBSTONES`), and the records themselves (`Limits`). Beyond a bound, what matters least goes first: state of
 //! publishers that hold no record here, least recently heard first; the oldest tombstones.
 
 use std::collections::HashMap;
@@ -15,7 +15,7 @@ use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
-use crate::defaults::{self, MAX_LIST_ENTRIES, MAX_TOMBSTONES, MAX_TRACKED_PUBLISHERS};
+use crate::defaults::{self, LIST_ENTRIES_PER_RECORD, MAX_TOMBSTONES, MAX_TRACKED_PUBLISHERS};
 use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
 /// How many records the view takes: the same numbers decide what this node admits locally and what
@@ -93,6 +93,8 @@ struct Publishers {
     map: HashMap<PeerId, PublisherState>,
     /// Entries of every list held.
     list_entries: usize,
+    /// The bound on `list_entries`.
+    max_list_entries: usize,
 }
 
 impl Publishers {
@@ -127,8 +129,8 @@ impl Publishers {
                 self.remove(&publisher);
             }
         }
-        if self.list_entries > MAX_LIST_ENTRIES {
-            let target = MAX_LIST_ENTRIES - MAX_LIST_ENTRIES / 8;
+        if self.list_entries > self.max_list_entries {
+            let target = self.max_list_entries - self.max_list_entries / 8;
             for publisher in self.eviction_order(&holds, keep) {
                 if self.list_entries <= target {
                     break;
@@ -165,7 +167,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl RemoteState {
     pub(super) fn new(limits: Limits) -> Self {
-        Self { limits, ..Self::default() }
+        let max_list_entries = LIST_ENTRIES_PER_RECORD * limits.remote_records;
+        let publishers = Mutex::new(Publishers { max_list_entries, ..Publishers::default() });
+        Self { limits, publishers, ..Self::default() }
     }
 
     pub(super) fn limits(&self) -> Limits {
@@ -277,7 +281,7 @@ pub struct HeartbeatOutcome {
 
 impl Publishers {
     fn over_bounds(&self) -> bool {
-        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > MAX_LIST_ENTRIES
+        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > self.max_list_entries
     }
 }
 
@@ -484,22 +488,26 @@ impl Registry {
 
     /// Drops remote records not heard of for `evict_after`, and tombstones older than that.
     pub async fn evict(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
+        let evicted = self.evict_records(now, evict_after).await?;
+        // Then the publishers not heard of since the horizon that hold nothing here any more.
+        let horizon = now.saturating_sub(evict_after.as_millis() as u64);
+        let holds = self.remote.holds_records();
+        let mut publishers = lock(&self.remote.publishers);
+        let silent: Vec<PeerId> = publishers
+            .map
+            .iter()
+            .filter(|(p, s)| s.touched < horizon && !holds(p))
+            .map(|(p, _)| *p)
+            .collect();
+        for publisher in &silent {
+            publishers.remove(publisher);
+        }
+        Ok(evicted)
+    }
+
+    async fn evict_records(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
         let horizon = now.saturating_sub(evict_after.as_millis() as u64);
         lock(&self.remote.tombstones).retain(|_, &mut (_, at)| at >= horizon);
-        {
-            // Publishers not heard of since the horizon and holding nothing here are forgotten.
-            let holds = self.remote.holds_records();
-            let mut publishers = lock(&self.remote.publishers);
-            let silent: Vec<PeerId> = publishers
-                .map
-                .iter()
-                .filter(|(p, s)| s.touched < horizon && !holds(p))
-                .map(|(p, _)| *p)
-                .collect();
-            for publisher in &silent {
-                publishers.remove(publisher);
-            }
-        }
         let snapshot = self.snapshot();
         let stale: Vec<(RecordKey, u64)> = snapshot
             .entries
@@ -822,6 +830,55 @@ mod tests {
         assert_eq!(r.forget_publishers(|peer| *peer != p).await.unwrap(), MAX_AGENTS_PER_PUBLISHER);
         assert_eq!(r.snapshot().entries.len(), 1, "the honest publisher's card stays");
         assert!(matches!(r.apply(signed(&flooder, &late, 1), 0).await.unwrap(), Applied::Created { .. }));
+    }
+
+    /// Heartbeats from more fresh keys than the table tracks: it stays bounded in publishers and list
+    /// entries, and the publisher whose agents the view holds keeps its state.
+    #[tokio::test]
+    async fn publisher_state_is_bounded_and_spares_publishers_with_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = small_registry(dir.path(), &Keypair::generate_ed25519());
+        let honest = Keypair::generate_ed25519();
+        let h = honest.public().to_peer_id();
+        r.apply(signed(&honest, &card("a", "1"), 5), 0).await.unwrap();
+        let beat = |sent_at, agents: Vec<HeartbeatAgent>| HeartbeatBody {
+            sent_at,
+            digest: wire::agents_digest(&agents),
+            agents: Some(agents),
+        };
+        let own = vec![HeartbeatAgent { agent_id: "a".into(), seq: 5, reported: Reported::Ready }];
+        r.remote_heartbeat(h, &beat(1, own), b"honest", 1);
+        let ghosts: Vec<HeartbeatAgent> = (0..5)
+            .map(|i| HeartbeatAgent { agent_id: format!("ghost-{i}"), seq: 1, reported: Reported::Ready })
+            .collect();
+        for i in 0..MAX_TRACKED_PUBLISHERS + 500 {
+            let now = 2 + i as u64;
+            r.remote_heartbeat(PeerId::random(), &beat(1, ghosts.clone()), b"ghost", now);
+            let (publishers, list_entries) = r.remote.tracked();
+            assert!(publishers <= MAX_TRACKED_PUBLISHERS);
+            assert!(list_entries <= LIST_ENTRIES_PER_RECORD * SMALL.remote_records);
+        }
+        assert_eq!(
+            r.signed_list(&h).as_deref().map(|l| l.len()),
+            Some(1),
+            "the honest publisher's list stays"
+        );
+        // Eviction forgets the silent publishers that hold nothing here.
+        r.evict(1_000_000, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(r.remote.tracked().0, 0, "the honest one was silent too, and evicted with its record");
+    }
+
+    #[test]
+    fn tombstones_are_bounded_oldest_first() {
+        let state = RemoteState::new(Limits::default());
+        let publisher = PeerId::random();
+        let key = |i: usize| RecordKey { agent_id: format!("a{i}"), publisher };
+        for i in 0..MAX_TOMBSTONES + 10 {
+            state.remember_tombstone(key(i), 1, i as u64);
+        }
+        assert!(state.tombstones() <= MAX_TOMBSTONES);
+        assert!(!state.outranks_tombstone(&key(MAX_TOMBSTONES + 9), 1), "the newest is kept");
+        assert!(state.outranks_tombstone(&key(0), 1), "the oldest went");
     }
 
     #[tokio::test]

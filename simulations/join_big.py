@@ -125,6 +125,25 @@ def main():
             }
             result["joiners"].append(row)
             ok &= j.done is not None and s["peers_banned"] == 0 and not s["rejected"]
+        # The view's own cost: joiner 0 restarted on its data directory (the view loaded from its store,
+        # no catch-up buffers), against an empty node.
+        j0 = joiners[0]
+        j0.stop()
+        j0 = Daemon(opts.bin, os.path.join(work, "joiner-0"), [])
+        daemons.append(j0)
+        deadline = time.time() + 60
+        while sum(j0.status()["records"].values()) < opts.agents and time.time() < deadline:
+            time.sleep(0.1)
+        empty = Daemon(opts.bin, os.path.join(work, "empty"), [])
+        daemons.append(empty)
+        time.sleep(2)
+        loaded, bare = rss_mb(j0.proc.pid), rss_mb(empty.proc.pid)
+        result["restarted_joiner"] = {
+            "records": sum(j0.status()["records"].values()),
+            "rss_mb": round(loaded, 1),
+            "empty_node_rss_mb": round(bare, 1),
+            "kb_per_record": round((loaded - bare) * 1024 / opts.agents, 2),
+        }
         ps = publisher.status()
         result["publisher"] = {"rss_mb": round(rss_mb(publisher.proc.pid), 1),
                                "peers_banned": ps["peers_banned"], "rejected": ps["rejected"]}

@@ -215,7 +215,7 @@ pub struct RunArgs {
     /// a mesh should use the same value.
     #[arg(long, env = "AGENTMESH_MAX_AGENTS_PER_PUBLISHER", value_name = "N")]
     pub max_agents_per_publisher: Option<usize>,
-    /// Remote records held in all (memory: about 4.4 KB each).
+    /// Remote records held in all (memory: about 4.3 KB each).
     #[arg(long, env = "AGENTMESH_MAX_REMOTE_RECORDS", value_name = "N")]
     pub max_remote_records: Option<usize>,
     /// Start even if the store lost local agents it had acknowledged (see SECURITY.md).

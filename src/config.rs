@@ -93,7 +93,7 @@ pub struct Config {
     /// written) and ignores a remote publisher's agents past it. Every node of a mesh should use the
     /// same value. Default 20,000; at most 250,000.
     pub max_agents_per_publisher: usize,
-    /// Remote records held in all (memory: about 4.4 KB each); new remote agents beyond it are not
+    /// Remote records held in all (memory: about 4.3 KB each); new remote agents beyond it are not
     /// taken until some leave the view. At least `max_agents_per_publisher`. Default 100,000.
     pub max_remote_records: usize,
     /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),

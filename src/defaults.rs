@@ -98,7 +98,7 @@ pub const STORE_DIR: &str = "store";
 
 /// Most agents one publisher may have, by default: what this node admits locally and what it takes
 /// from any other publisher. A gateway node fronting an organisation's agents is a real user, so this
-/// is sized from memory (about 4.4 KB per held record, BENCHMARKS.md) rather than from a guess at
+/// is sized from memory (about 4.3 KB per held record once loaded, BENCHMARKS.md "Memory per record") rather than from a guess at
 /// "a few agents per node". Every node of a mesh should use the same value (`max_agents_per_publisher`):
 /// a node with a lower one ignores the excess of a bigger publisher (it is never blamed for it).
 pub const MAX_AGENTS_PER_PUBLISHER: usize = 20_000;
@@ -106,7 +106,8 @@ pub const MAX_AGENTS_PER_PUBLISHER: usize = 20_000;
 /// sync response (`MAX_LIST_CHUNKS` chunks).
 pub const MAX_AGENTS_PER_PUBLISHER_CEILING: usize = 250_000;
 /// Remote records held in all, whoever published them, by default (`max_remote_records`): the bound
-/// on the memory the rest of the mesh can make this node spend (about 450 MB at the limit, measured).
+/// on the memory the rest of the mesh can make this node spend (about 430 MB at the limit, at the
+/// measured 4.3 KB per record).
 /// Five publishers at the per-publisher limit fit.
 pub const MAX_REMOTE_RECORDS: usize = 100_000;
 /// Highest `max_remote_records` accepted.

@@ -29,13 +29,15 @@ const PER_PUBLISHER: usize = 500;
 const FRESH_KEYS: usize = 100_000;
 const AGENTS_PER_BEAT: usize = 32;
 /// Memory the second half of the heartbeat flood (50,000 more keys) may add at most. The state kept
-/// per publisher is bounded, so once the bounds are reached more keys cost nothing more; unbounded,
-/// the second half alone would add 50,000 publishers with 1.6 million list entries and their signed
-/// heartbeats (some 175 MB). What the first half adds is mostly gossipsub's own caches of recent
-/// messages (about 100 MB here), which are bounded in time and so the same at the same rate.
-const SECOND_HALF_GROWTH_BOUND_MB: u64 = 60;
+/// per publisher is bounded (checked exactly through `mesh_state`), so once the bounds are reached more
+/// keys add only what gossipsub keeps of recent messages: its message cache (5 heartbeats), seen ids
+/// (60 s) and score records, bounded in time rather than count, so they grow with the rate for the
+/// length of this test (measured: +26 MB in a debug build, +79 MB in a release build, which delivers
+/// the flood three times faster). Unbounded, the second half's publisher state alone would add some
+/// 190 MB on top (50,000 publishers with 32-entry lists and their signed heartbeats).
+const SECOND_HALF_GROWTH_BOUND_MB: u64 = 150;
 /// The daemon's resident memory after the heartbeat flood stays under this.
-const FLOOD_RSS_BOUND_MB: u64 = 300;
+const FLOOD_RSS_BOUND_MB: u64 = 350;
 /// Discovery answers during the attack stay under this at p99 (the target on an idle machine is
 /// a few milliseconds; this bound leaves room for a loaded CI machine running other tests).
 const P99_BOUND: Duration = Duration::from_millis(250);

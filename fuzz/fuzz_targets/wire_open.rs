@@ -8,7 +8,7 @@ use libp2p_identity::Keypair;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match mode % 4 {
+    match mode % 5 {
         // Raw bytes as a peer would send them.
         0 => {
             let _ = wire::open(rest);
@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         // A correctly signed envelope around an arbitrary body: reaches the body decoders.
         m => {
             let key = Keypair::ed25519_from_bytes([7u8; 32]).expect("fixed key");
-            let kind = Kind::from_u8(m).expect("kinds 1..=3");
+            let kind = Kind::from_u8(m).expect("kinds 1..=4");
             let sealed = wire::seal(&key, kind, rest.to_vec());
             match wire::open(&sealed) {
                 Ok(v) => assert_eq!(v.publisher, key.public().to_peer_id()),

@@ -106,6 +106,20 @@ async fn drive(swarm: &mut Swarm<Hostile>, mut until: impl FnMut(&SwarmEvent<Hos
     }
 }
 
+/// Dials the daemon and waits until its subscriptions reach the hostile peer.
+async fn connect(swarm: &mut Swarm<Hostile>, addr: Multiaddr, target: libp2p::PeerId) {
+    swarm.dial(addr).unwrap();
+    assert!(
+        drive(swarm, |e| matches!(
+            e,
+            SwarmEvent::Behaviour(HostileEvent::Gossipsub(gossipsub::Event::Subscribed { peer_id, .. }))
+                if *peer_id == target
+        ))
+        .await,
+        "the daemon's subscription reached the hostile peer"
+    );
+}
+
 /// The hostile peer's side: publishes, then drives its swarm until the daemon has judged everything
 /// sent (accepted, ignored, rejected or dropped) or has closed the connection.
 struct Attack<'a> {
@@ -202,17 +216,8 @@ async fn a_hostile_peer_is_rejected_counted_and_banned_while_the_node_keeps_serv
     let (cards, beats) = (IdentTopic::new(CARDS_TOPIC), IdentTopic::new(HEARTBEATS_TOPIC));
     swarm.behaviour_mut().gossipsub.subscribe(&cards).unwrap();
     swarm.behaviour_mut().gossipsub.subscribe(&beats).unwrap();
-    swarm.dial(addr.clone()).unwrap();
+    connect(&mut swarm, addr.clone(), daemon.peer_id).await;
     let target = daemon.peer_id;
-    assert!(
-        drive(&mut swarm, |e| matches!(
-            e,
-            SwarmEvent::Behaviour(HostileEvent::Gossipsub(gossipsub::Event::Subscribed { peer_id, .. }))
-                if *peer_id == target
-        ))
-        .await,
-        "the daemon's subscription reached the hostile peer"
-    );
 
     let mut latencies = query_while(&daemon.http, async {
         let mut attack = Attack { swarm: &mut swarm, daemon: &daemon, sent: 0, closed: false };
@@ -309,17 +314,7 @@ async fn heartbeats_from_a_hundred_thousand_fresh_keys_leave_memory_bounded() {
     let mut swarm = hostile_swarm(key);
     let beats = IdentTopic::new(HEARTBEATS_TOPIC);
     swarm.behaviour_mut().gossipsub.subscribe(&beats).unwrap();
-    swarm.dial(addr).unwrap();
-    let target = daemon.peer_id;
-    assert!(
-        drive(&mut swarm, |e| matches!(
-            e,
-            SwarmEvent::Behaviour(HostileEvent::Gossipsub(gossipsub::Event::Subscribed { peer_id, .. }))
-                if *peer_id == target
-        ))
-        .await,
-        "the daemon's subscription reached the hostile peer"
-    );
+    connect(&mut swarm, addr, daemon.peer_id).await;
     let rss_before = daemon.rss_mb();
     let mut attack = Attack { swarm: &mut swarm, daemon: &daemon, sent: 0, closed: false };
     let agents: Vec<HeartbeatAgent> = (0..AGENTS_PER_BEAT)

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -52,7 +53,6 @@ class Daemon:
         else:
             raise SystemExit("daemon did not start")
         # Keep draining stderr so the daemon never blocks on a full pipe.
-        import threading
         threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
 
     def status(self):

@@ -36,7 +36,10 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use crate::api::now_millis;
 use crate::api::render::rfc3339;
-use crate::defaults::{MAX_ADDRS_PER_PEER, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
+use crate::defaults::{
+    MAX_ADDRS_PER_PEER, MAX_CARDS_PER_RESPONSE, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT, MAX_SYNC_REQUEST_BYTES,
+    MAX_SYNC_RESPONSE_BYTES,
+};
 use crate::registry::remote::SignedList;
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
@@ -357,8 +360,8 @@ fn behaviour(
         identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
     let ping_config = ping::Config::new().with_interval(PING_INTERVAL).with_timeout(PING_TIMEOUT);
     let codec = request_response::cbor::codec::Codec::default()
-        .set_request_size_maximum(sync::MAX_REQUEST_BYTES)
-        .set_response_size_maximum(sync::MAX_RESPONSE_BYTES);
+        .set_request_size_maximum(MAX_SYNC_REQUEST_BYTES)
+        .set_response_size_maximum(MAX_SYNC_RESPONSE_BYTES);
     let sync = request_response::Behaviour::with_codec(
         codec,
         [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
@@ -598,8 +601,11 @@ impl EventLoop {
         self.sync_in_flight.insert(id);
     }
 
-    fn digest(&self) -> Vec<DigestItem> {
-        self.registry
+    /// Sends everything this node holds, `(publisher, agent_id, seq)*`, to be answered with what it
+    /// lacks or holds older.
+    fn send_digest(&mut self, peer: PeerId) {
+        let items = self
+            .registry
             .digest()
             .into_iter()
             .map(|(publisher, agent_id, seq)| DigestItem {
@@ -607,7 +613,8 @@ impl EventLoop {
                 agent_id,
                 seq,
             })
-            .collect()
+            .collect();
+        self.send_sync(peer, SyncRequest::Digest(items));
     }
 
     /// Starts an anti-entropy round: fingerprints first, the full digest only if they differ.
@@ -702,8 +709,7 @@ impl EventLoop {
             // The rest of a cut answer, now that its first part is applied: the full digest at once.
             Verdict::SyncAgain { peer } => {
                 if self.swarm.is_connected(&peer) {
-                    let request = SyncRequest::Digest(self.digest());
-                    self.send_sync(peer, request);
+                    self.send_digest(peer);
                 }
             }
             Verdict::FetchList { from, publisher } => {
@@ -935,8 +941,7 @@ impl EventLoop {
                         c.last_sync_ms = Some(now_millis());
                     });
                     if response.differs {
-                        let request = SyncRequest::Digest(self.digest());
-                        self.send_sync(peer, request);
+                        self.send_digest(peer);
                     }
                     if !response.cards.is_empty() {
                         let more = response.more;
@@ -971,13 +976,15 @@ impl EventLoop {
                     .into_iter()
                     .filter_map(|i| Some(((PeerId::from_bytes(&i.publisher).ok()?, i.agent_id), i.seq)))
                     .collect();
-                self.registry.newer_than(&theirs)
+                // One more than an answer holds tells whether it was cut.
+                self.registry.newer_than(&theirs, MAX_CARDS_PER_RESPONSE + 1)
             }
             SyncRequest::Pull { publisher, agent_ids } => {
                 let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
                 agent_ids
                     .into_iter()
                     .filter_map(|agent_id| self.registry.signed_card(&RecordKey { agent_id, publisher }))
+                    .take(MAX_CARDS_PER_RESPONSE + 1)
                     .collect()
             }
             SyncRequest::List { publisher } => {
@@ -992,8 +999,8 @@ impl EventLoop {
                 return SyncResponse { cards: messages.unwrap_or_default(), differs: false, more: false };
             }
         };
-        let more = cards.len() > sync::MAX_CARDS_PER_RESPONSE;
-        let cards = cards.into_iter().take(sync::MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();
+        let more = cards.len() > MAX_CARDS_PER_RESPONSE;
+        let cards = cards.into_iter().take(MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();
         SyncResponse { cards, differs: false, more }
     }
 }

@@ -431,13 +431,14 @@ impl Registry {
         self.remote.limits()
     }
 
-    /// Refuses `new` more local agents when they would take this node past the per-publisher limit.
-    fn admit_local(&self, map: &BTreeMap<RecordKey, Arc<Entry>>, new: usize) -> Result<(), RegistryError> {
+    /// Refuses `new` more local agents when they would take this node past the per-publisher limit
+    /// (called under the writer lock, so the witness's count is the view's).
+    fn admit_local(&self, new: usize) -> Result<(), RegistryError> {
         if new == 0 {
             return Ok(());
         }
         let limit = self.remote.limits().per_publisher;
-        let held = map.values().filter(|e| e.is_local()).count();
+        let held = self.lock_guard().local_records();
         if held + new > limit {
             return Err(RegistryError::LocalLimit { held, limit });
         }
@@ -481,7 +482,7 @@ impl Registry {
                 Applied::Unchanged { seq: e.seq }
             }
             _ => {
-                self.admit_local(&map, usize::from(held.is_none()))?;
+                self.admit_local(usize::from(held.is_none()))?;
                 let seq = next_local_seq(held.map(|e| e.seq), now);
                 let sig = self.sign(&card, seq);
                 let update = Update::Upsert { publisher: self.me, seq, card, origin, sig };
@@ -708,7 +709,7 @@ impl Registry {
             .filter(|id| !map.contains_key(&RecordKey { agent_id: (*id).to_owned(), publisher: self.me }))
             .collect::<std::collections::HashSet<&str>>()
             .len();
-        self.admit_local(&map, new)?;
+        self.admit_local(new)?;
         let origin = Origin::Local(liveness);
         let mut rows = Vec::with_capacity(cards.len());
         let mut entries = Vec::with_capacity(cards.len());

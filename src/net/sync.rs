@@ -5,10 +5,6 @@ use serde_bytes::ByteBuf;
 
 /// Protocol name of the sync exchange.
 pub const PROTOCOL: &str = "/agentmesh/sync/1.0.0";
-pub use crate::defaults::{
-    MAX_CARDS_PER_RESPONSE, MAX_SYNC_REQUEST_BYTES as MAX_REQUEST_BYTES,
-    MAX_SYNC_RESPONSE_BYTES as MAX_RESPONSE_BYTES,
-};
 
 /// One record as a digest lists it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

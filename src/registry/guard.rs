@@ -175,6 +175,11 @@ impl Guard {
         Ok(())
     }
 
+    /// Local records held, as of the last change recorded.
+    pub fn local_records(&self) -> usize {
+        self.current.count as usize
+    }
+
     /// Forgets changes that were recorded but failed in the store.
     pub fn undo(&mut self, changes: &[Change]) {
         for change in changes {

@@ -63,8 +63,11 @@ impl Limit {
 struct KnownList {
     digest: u64,
     agents: Arc<Vec<HeartbeatAgent>>,
-    signed: Arc<[Arc<[u8]>]>,
+    signed: SignedList,
 }
+
+/// The signed messages that carry an agent list: one heartbeat, or every chunk of a long list.
+pub type SignedList = Arc<[Arc<[u8]>]>;
 
 /// The newest heartbeat heard from a publisher.
 #[derive(Clone, Copy, Default)]
@@ -98,6 +101,10 @@ struct Publishers {
 }
 
 impl Publishers {
+    fn over_bounds(&self) -> bool {
+        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > self.max_list_entries
+    }
+
     fn set_list(&mut self, publisher: PeerId, list: Option<KnownList>) {
         let Some(state) = self.map.get_mut(&publisher) else { return };
         let added = list.as_ref().map_or(0, |l| l.agents.len());
@@ -206,10 +213,13 @@ impl RemoteState {
         }
     }
 
-    fn holds_records(&self) -> impl Fn(&PeerId) -> bool + '_ {
-        let counts = lock(&self.counts);
-        let holding: std::collections::HashSet<PeerId> = counts.per_publisher.keys().copied().collect();
-        move |p| holding.contains(p)
+    /// Brings the publisher table back under its bounds (called with it locked: lock order
+    /// `publishers`, then `counts`).
+    fn trim_publishers(&self, publishers: &mut Publishers, keep: PeerId) {
+        if publishers.over_bounds() {
+            let counts = lock(&self.counts);
+            publishers.bound(|p| counts.per_publisher.contains_key(p), keep);
+        }
     }
 
     /// Counts a new record of `publisher`, unless the publisher or the whole view is at its limit.
@@ -279,15 +289,6 @@ pub struct HeartbeatOutcome {
     pub list_installed: bool,
 }
 
-impl Publishers {
-    fn over_bounds(&self) -> bool {
-        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > self.max_list_entries
-    }
-}
-
-/// The signed messages that carry an agent list: one heartbeat, or every chunk of a long list.
-pub type SignedList = Arc<[Arc<[u8]>]>;
-
 /// A list as it arrived: its agents and the signed messages that carried it.
 type CarriedList = (Vec<HeartbeatAgent>, Vec<Arc<[u8]>>);
 
@@ -306,9 +307,6 @@ impl Registry {
         signed: &[u8],
         now: Millis,
     ) -> HeartbeatOutcome {
-        if publisher == self.me {
-            return HeartbeatOutcome::default();
-        }
         let carried = body.agents.as_ref().map(|agents| (agents.clone(), vec![Arc::<[u8]>::from(signed)]));
         self.heard(publisher, Some(body.sent_at), body.digest, carried, now)
     }
@@ -323,9 +321,6 @@ impl Registry {
         chunks: Vec<Arc<[u8]>>,
         now: Millis,
     ) -> HeartbeatOutcome {
-        if publisher == self.me {
-            return HeartbeatOutcome::default();
-        }
         self.heard(publisher, None, digest, Some((agents, chunks)), now)
     }
 
@@ -340,23 +335,33 @@ impl Registry {
         now: Millis,
     ) -> HeartbeatOutcome {
         let mut outcome = HeartbeatOutcome::default();
+        if publisher == self.me {
+            return outcome;
+        }
         let (heard, list) = {
             let mut publishers = lock(&self.remote.publishers);
-            let state = publishers.map.entry(publisher).or_default();
-            let newer = sent_at.is_some_and(|at| at > state.heard.sent_at);
-            if newer {
+            let known = publishers.map.get(&publisher);
+            let newer = sent_at.is_some_and(|at| known.is_none_or(|s| at > s.heard.sent_at));
+            // Only a newer heartbeat makes an entry: a replay, or a list nobody asked for, of a
+            // publisher not tracked here leaves nothing behind.
+            let state = if newer {
+                let state = publishers.map.entry(publisher).or_default();
                 state.heard = Heard { sent_at: sent_at.unwrap_or_default(), digest, at: now };
+                state
             } else {
                 let wanted = carried.is_some()
-                    && digest == state.heard.digest
-                    && state.heard.at > 0
-                    && state.list.as_ref().is_none_or(|l| l.digest != digest);
-                if !wanted {
+                    && known.is_some_and(|s| {
+                        s.heard.at > 0
+                            && digest == s.heard.digest
+                            && s.list.as_ref().is_none_or(|l| l.digest != digest)
+                    });
+                let Some(state) = publishers.map.get_mut(&publisher).filter(|_| wanted) else {
                     outcome.replayed = true;
                     return outcome;
-                }
+                };
                 outcome.list_installed = true;
-            }
+                state
+            };
             state.touched = now;
             if let Some(at) = sent_at {
                 self.remote.returned(state, publisher, at);
@@ -371,10 +376,7 @@ impl Registry {
                 }
                 None => state.list.as_ref().filter(|l| l.digest == digest).map(|l| l.agents.clone()),
             };
-            if publishers.over_bounds() {
-                let holds = self.remote.holds_records();
-                publishers.bound(holds, publisher);
-            }
+            self.remote.trim_publishers(&mut publishers, publisher);
             (heard, list)
         };
         let snapshot = self.snapshot();
@@ -479,10 +481,7 @@ impl Registry {
         publishers
             .map
             .insert(publisher, PublisherState { left: Some(seq), touched: now, ..Default::default() });
-        if publishers.over_bounds() {
-            let holds = self.remote.holds_records();
-            publishers.bound(holds, publisher);
-        }
+        self.remote.trim_publishers(&mut publishers, publisher);
         Ok(doomed.len())
     }
 
@@ -491,14 +490,15 @@ impl Registry {
         let evicted = self.evict_records(now, evict_after).await?;
         // Then the publishers not heard of since the horizon that hold nothing here any more.
         let horizon = now.saturating_sub(evict_after.as_millis() as u64);
-        let holds = self.remote.holds_records();
         let mut publishers = lock(&self.remote.publishers);
+        let counts = lock(&self.remote.counts);
         let silent: Vec<PeerId> = publishers
             .map
             .iter()
-            .filter(|(p, s)| s.touched < horizon && !holds(p))
+            .filter(|(p, s)| s.touched < horizon && !counts.per_publisher.contains_key(p))
             .map(|(p, _)| *p)
             .collect();
+        drop(counts);
         for publisher in &silent {
             publishers.remove(publisher);
         }
@@ -586,13 +586,15 @@ impl Registry {
         self.snapshot().get(&key.agent_id, &key.publisher).map(|e| e.signed_message())
     }
 
-    /// Signed messages for every record held that `theirs` lacks or holds at an older seq.
-    pub fn newer_than(&self, theirs: &HashMap<(PeerId, String), u64>) -> Vec<Vec<u8>> {
+    /// Signed messages for the records held that `theirs` lacks or holds at an older seq, at most
+    /// `at_most` of them (only those are re-sealed).
+    pub fn newer_than(&self, theirs: &HashMap<(PeerId, String), u64>, at_most: usize) -> Vec<Vec<u8>> {
         let snapshot = self.snapshot();
         snapshot
             .entries
             .iter()
             .filter(|e| theirs.get(&(e.key.publisher, e.key.agent_id.clone())).is_none_or(|&seq| seq < e.seq))
+            .take(at_most)
             .map(|e| e.signed_message())
             .collect()
     }

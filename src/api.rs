@@ -16,7 +16,7 @@ pub mod server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -27,8 +27,8 @@ use axum::{Json, Router};
 use serde_json::json;
 use tower_http::timeout::TimeoutLayer;
 
+use crate::clock::now_millis;
 use crate::defaults::{DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES, MAX_WATCHERS};
-use crate::registry::health::Millis;
 use crate::registry::Registry;
 use error::ApiError;
 
@@ -86,11 +86,6 @@ impl AppState {
         self.net = Some(net);
         self
     }
-}
-
-/// Wall-clock now in milliseconds since the epoch: the only clock read on the request path.
-pub fn now_millis() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
 }
 
 pub fn router(state: AppState) -> Router {

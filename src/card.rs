@@ -6,6 +6,7 @@
 
 pub mod a2a;
 pub mod held;
+pub mod reported;
 
 pub use a2a::JwsSignature;
 pub use held::HeldCard;

@@ -1,7 +1,7 @@
 //! Settings, layered: built-in defaults < TOML file < `AGENTMESH_*` environment < command-line flags.
 //!
 //! The file maps onto [`Config`] (missing keys keep their defaults, unknown keys are an error);
-//! environment and flags arrive through [`crate::cli::RunArgs`], where clap reads each flag's variable.
+//! environment and flags arrive through `cli::RunArgs`, where clap reads each flag's variable.
 //! [`Config::validate`] refuses bad values at start, naming the setting.
 
 use std::fmt;

@@ -114,6 +114,17 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
+/// The Ed25519 public key an Ed25519 PeerId embeds (identity multihash of the protobuf key).
+pub fn public_key(peer: &libp2p::PeerId) -> Option<libp2p::identity::PublicKey> {
+    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
+    if mh.code() != 0 {
+        return None;
+    }
+    let key = libp2p::identity::PublicKey::try_decode_protobuf(mh.digest()).ok()?;
+    key.clone().try_into_ed25519().ok()?;
+    Some(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@
 //! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
 //!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
 
-pub mod guard;
 pub mod ingest;
 pub mod sync;
 
@@ -34,17 +33,17 @@ use sha2::Digest as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
-use crate::api::now_millis;
-use crate::api::render::rfc3339;
+use crate::clock::now_millis;
+use crate::clock::rfc3339;
 use crate::defaults::{
     MAX_ADDRS_PER_PEER, MAX_CARDS_PER_RESPONSE, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT, MAX_SYNC_REQUEST_BYTES,
     MAX_SYNC_RESPONSE_BYTES,
 };
+use crate::proto::bans::{self, BanList};
 use crate::registry::remote::SignedList;
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
-use guard::Guard;
 use ingest::{Inbound, Policy, Verdict};
 use sync::{DigestItem, SyncRequest, SyncResponse};
 
@@ -149,7 +148,7 @@ pub struct CounterState {
     /// `publisher_not_allowed`, `view_full`, …).
     pub rejected: BTreeMap<&'static str, u64>,
     pub signature_failures: u64,
-    /// Peers disconnected and refused for sending too many rejected messages (`guard`).
+    /// Peers disconnected and refused for sending too many rejected messages (`proto::bans`).
     pub peers_banned: u64,
     /// Connections that failed before being established (wrong network key, unreachable, refused).
     pub connection_errors: u64,
@@ -440,7 +439,7 @@ pub async fn spawn(
         own_list: None,
         list_fetches: HashMap::new(),
         sync_in_flight: HashSet::new(),
-        guard: Guard::default(),
+        bans: BanList::default(),
     };
     tasks.spawn_loop("mesh event loop", event_loop.run());
     Ok(NetHandle { tx, peer_id })
@@ -492,7 +491,7 @@ struct EventLoop {
     /// Sync requests awaiting their answer (at most `MAX_SYNC_IN_FLIGHT`).
     sync_in_flight: HashSet<request_response::OutboundRequestId>,
     /// Strikes and bans of peers that send what verification refuses.
-    guard: Guard,
+    bans: BanList,
 }
 
 impl EventLoop {
@@ -582,7 +581,7 @@ impl EventLoop {
             self.own_list = Some(Arc::from([Arc::<[u8]>::from(msg.as_slice())]));
         }
         self.publish(&self.heartbeats.clone(), msg);
-        for peer in self.guard.expire(now) {
+        for peer in self.bans.expire(now) {
             tracing::info!(%peer, "ban ended");
             self.swarm.behaviour_mut().gossipsub.remove_blacklisted_peer(&peer);
         }
@@ -672,7 +671,7 @@ impl EventLoop {
         let now = now_millis();
         let due: Vec<PeerId> = mdns
             .discovered_nodes()
-            .filter(|p| me < **p && !self.swarm.is_connected(p) && !self.guard.is_banned(p, now))
+            .filter(|p| me < **p && !self.swarm.is_connected(p) && !self.bans.is_banned(p, now))
             .copied()
             .collect();
         for peer in due {
@@ -734,12 +733,12 @@ impl EventLoop {
     }
 
     /// Counts rejected messages against the peer that sent them; past the limit it is disconnected and
-    /// refused for `guard::BAN_FOR`.
+    /// refused for `bans::BAN_FOR`.
     fn strike(&mut self, peer: PeerId, rejected: u32) {
-        if !self.guard.strike(peer, rejected, now_millis()) {
+        if !self.bans.strike(peer, rejected, now_millis()) {
             return;
         }
-        tracing::warn!(%peer, ban_secs = guard::BAN_FOR.as_secs(), "peer banned: too many rejected messages");
+        tracing::warn!(%peer, ban_secs = bans::BAN_FOR.as_secs(), "peer banned: too many rejected messages");
         self.counters.update(|c| c.peers_banned += 1);
         let behaviour = self.swarm.behaviour_mut();
         behaviour.gossipsub.blacklist_peer(&peer);
@@ -793,7 +792,7 @@ impl EventLoop {
             connected_peers: self.swarm.connected_peers().count(),
             mesh_peers,
             routing_table_size,
-            banned_peers: self.guard.banned(now_millis()),
+            banned_peers: self.bans.banned(now_millis()),
             closed_mesh: self.config.psk.is_some(),
             records,
             mesh_state: {
@@ -838,7 +837,7 @@ impl EventLoop {
             SwarmEvent::ConnectionEstablished {
                 peer_id, connection_id, endpoint, num_established, ..
             } => {
-                if self.guard.is_banned(&peer_id, now_millis()) {
+                if self.bans.is_banned(&peer_id, now_millis()) {
                     tracing::debug!(%peer_id, "refused a connection of a banned peer");
                     let _ = self.swarm.close_connection(connection_id);
                     return;

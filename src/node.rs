@@ -10,8 +10,9 @@ use libp2p::identity::PeerId;
 use libp2p::pnet::PreSharedKey;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, now_millis, AppState};
+use crate::api::{self, AppState};
 use crate::card::{AgentCard, CardError};
+use crate::clock::now_millis;
 use crate::config::Config;
 use crate::defaults::STORE_DIR;
 use crate::identity::{Identity, IdentityError};

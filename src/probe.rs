@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::now_millis;
 use crate::card::AgentCard;
+use crate::clock::now_millis;
 use crate::defaults::MAX_BODY_BYTES;
 use crate::registry::health::Reported;
 use crate::registry::{Applied, Liveness, Origin, Registry};

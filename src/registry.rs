@@ -7,10 +7,10 @@
 //! Heartbeat times live beside the snapshot in atomics shared by every snapshot generation: a
 //! heartbeat is one atomic store, not a snapshot rebuild.
 
-pub mod guard;
 pub mod health;
 pub mod remote;
 pub mod store;
+pub mod witness;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -47,7 +47,7 @@ pub enum RegistryError {
     #[error("no local agent with id `{0}`")]
     NotFound(String),
     #[error(transparent)]
-    Guard(#[from] guard::GuardError),
+    Witness(#[from] witness::WitnessError),
     /// A new local agent past the per-publisher limit: the mesh would refuse it, so this node does not
     /// publish it. Nothing was written.
     #[error(
@@ -309,7 +309,7 @@ pub struct Registry {
     changes: broadcast::Sender<LocalChange>,
     remote: remote::RemoteState,
     /// The witness of the local records, written before each durable local change.
-    guard: std::sync::Mutex<guard::Guard>,
+    witness: std::sync::Mutex<witness::Witness>,
     /// The error of the last local write, if it failed (a full disk, say); cleared by the next one that
     /// succeeds. The node reports itself degraded meanwhile.
     store_error: std::sync::Mutex<Option<String>>,
@@ -350,7 +350,7 @@ impl Registry {
         Self::open_checked(dir, signer, thresholds, Limits::default(), false)
     }
 
-    /// Opens the store and checks its local records against their witness ([`guard`]): a store that
+    /// Opens the store and checks its local records against their witness ([`witness`]): a store that
     /// lost any is an error, unless `accept_loss` (then the witness is rebased on what is there).
     pub fn open_checked(
         dir: &Path,
@@ -389,7 +389,7 @@ impl Registry {
             return Err(RegistryError::StoreOverLimit { held: report.local, limit: limits.per_publisher });
         }
         let remote = remote::RemoteState::new(limits);
-        let mut local = guard::Sum::default();
+        let mut local = witness::Sum::default();
         for entry in map.values() {
             if entry.is_local() {
                 local.add(&entry.key.agent_id, entry.seq);
@@ -397,7 +397,7 @@ impl Registry {
                 remote.count_loaded(entry.key.publisher);
             }
         }
-        let guard = std::sync::Mutex::new(guard::Guard::open(dir, local, accept_loss)?);
+        let witness = std::sync::Mutex::new(witness::Witness::open(dir, local, accept_loss)?);
         let registry = Self {
             me,
             signer,
@@ -409,7 +409,7 @@ impl Registry {
             names,
             changes: broadcast::channel(CHANGE_CHANNEL).0,
             remote,
-            guard,
+            witness,
             store_error: std::sync::Mutex::new(None),
         };
         Ok((registry, report))
@@ -438,7 +438,7 @@ impl Registry {
             return Ok(());
         }
         let limit = self.remote.limits().per_publisher;
-        let held = self.lock_guard().local_records();
+        let held = self.lock_witness().local_records();
         if held + new > limit {
             return Err(RegistryError::LocalLimit { held, limit });
         }
@@ -590,7 +590,7 @@ impl Registry {
                 let stored = if origin == Origin::Remote {
                     write.await.map_err(RegistryError::from)
                 } else {
-                    let change = guard::Change {
+                    let change = witness::Change {
                         agent_id: key.agent_id.clone(),
                         before: held.map(|e| e.seq),
                         after: Some(seq),
@@ -623,7 +623,8 @@ impl Registry {
                 let publisher_bytes = publisher.to_bytes();
                 let write = self.store.remove(&key.agent_id, &publisher_bytes, publisher == self.me);
                 if map.get(&key).is_some_and(|e| e.is_local()) {
-                    let change = guard::Change { agent_id: key.agent_id.clone(), before: held, after: None };
+                    let change =
+                        witness::Change { agent_id: key.agent_id.clone(), before: held, after: None };
                     self.write_local(&[change], write).await?;
                 } else {
                     write.await?;
@@ -650,22 +651,22 @@ impl Registry {
         *self.store_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
-    fn lock_guard(&self) -> std::sync::MutexGuard<'_, guard::Guard> {
-        self.guard.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_witness(&self) -> std::sync::MutexGuard<'_, witness::Witness> {
+        self.witness.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A store write of local changes (under the writer lock): their witness first, then `write`. A
     /// failure undoes the witness and is what `store_error` reports until a local write succeeds.
     async fn write_local(
         &self,
-        changes: &[guard::Change],
+        changes: &[witness::Change],
         write: impl std::future::Future<Output = Result<(), StoreError>>,
     ) -> Result<(), RegistryError> {
-        let witnessed = self.lock_guard().before_all(changes);
+        let witnessed = self.lock_witness().before_all(changes);
         let result = match witnessed {
             Err(e) => Err(RegistryError::from(e)),
             Ok(()) => write.await.map_err(|e| {
-                self.lock_guard().undo(changes);
+                self.lock_witness().undo(changes);
                 RegistryError::from(e)
             }),
         };
@@ -744,7 +745,7 @@ impl Registry {
         for e in &entries {
             let before = *seqs.entry(&e.key.agent_id).or_insert_with(|| map.get(&e.key).map(|held| held.seq));
             seqs.insert(&e.key.agent_id, Some(e.seq));
-            changes.push(guard::Change { agent_id: e.key.agent_id.clone(), before, after: Some(e.seq) });
+            changes.push(witness::Change { agent_id: e.key.agent_id.clone(), before, after: Some(e.seq) });
         }
         self.write_local(&changes, self.store.put_many(&rows)).await?;
         let count = entries.len();

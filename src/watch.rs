@@ -211,7 +211,7 @@ pub async fn run(registry: Arc<Registry>, watch: Arc<Watch>, cancel: Cancellatio
     let mut ticks = Ticks::new(WATCH_TICK, cancel);
     while ticks.next().await {
         let snapshot = registry.snapshot();
-        let events = watch.advance(&snapshot.entries, crate::api::now_millis(), registry.thresholds());
+        let events = watch.advance(&snapshot.entries, crate::clock::now_millis(), registry.thresholds());
         if events > 0 {
             tracing::debug!(events, "registry changes");
         }

@@ -7,12 +7,13 @@
 //! [`open`] checks size, version, publisher key and signature before it decodes the body: nothing a peer
 //! sends is interpreted until its signature verifies. Pure: no I/O, no clock.
 
-use libp2p::identity::{Keypair, PeerId, PublicKey};
+use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use crate::card::reported::Reported;
 use crate::card::AgentCard;
-use crate::registry::health::Reported;
+use crate::identity::public_key;
 
 /// The only envelope version this node reads and writes.
 pub const WIRE_VERSION: u8 = 1;
@@ -308,17 +309,6 @@ pub fn seal_heartbeat(key: &Keypair, body: &HeartbeatBody) -> Vec<u8> {
 
 pub fn seal_tombstone(key: &Keypair, body: &TombstoneBody) -> Vec<u8> {
     seal(key, Kind::Tombstone, cbor(body))
-}
-
-/// The Ed25519 public key an Ed25519 PeerId embeds (identity multihash of the protobuf key).
-pub fn public_key(peer: &PeerId) -> Option<PublicKey> {
-    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
-    if mh.code() != 0 {
-        return None;
-    }
-    let key = PublicKey::try_decode_protobuf(mh.digest()).ok()?;
-    key.clone().try_into_ed25519().ok()?;
-    Some(key)
 }
 
 /// Checks and decodes a message: size, version, publisher key and signature first, then the body.

@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 use super::agents::{deregister, registered};
 use super::body::{parse_json, RawBody};
 use super::error::ApiError;
-use super::render::rfc3339;
-use super::{now_millis, AppState};
+use super::AppState;
 use crate::card::{to_raw, AgentCard, Capability};
+use crate::clock::now_millis;
+use crate::clock::rfc3339;
 use crate::registry::health::{Health, Reported};
 use crate::registry::{Entry, Liveness};
 

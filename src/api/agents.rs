@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use super::body::RawBody;
 use super::error::ApiError;
-use super::render::rfc3339;
-use super::{now_millis, AppState};
+use super::AppState;
 use crate::card::AgentCard;
+use crate::clock::now_millis;
+use crate::clock::rfc3339;
 use crate::registry::{Applied, Entry, Liveness, Snapshot};
 
 /// Default and largest page of `GET /api/v1/agents`.

@@ -21,8 +21,9 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use super::AppState;
 use super::{metrics, render};
-use super::{now_millis, AppState};
+use crate::clock::now_millis;
 use crate::defaults::{CACHE_ENTRIES, CACHE_MAX_AGE, CACHE_MAX_BYTES, CACHE_MAX_KEY_BYTES};
 use crate::query::{select, Format, Query};
 use crate::registry::health::Millis;

@@ -68,7 +68,7 @@ impl From<RegistryError> for ApiError {
                 tracing::error!(error = %e, "store write failed");
                 Self::Storage(e.to_string())
             }
-            RegistryError::Guard(e) => {
+            RegistryError::Witness(e) => {
                 tracing::error!(error = %e, "store witness write failed");
                 Self::Storage(e.to_string())
             }

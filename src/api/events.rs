@@ -19,8 +19,9 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::error::ApiError;
-use super::render::rfc3339;
-use super::{now_millis, AppState};
+use super::AppState;
+use crate::clock::now_millis;
+use crate::clock::rfc3339;
 use crate::query::{select, Query};
 use crate::registry::health::{Health, Thresholds};
 use crate::registry::Entry;

@@ -167,7 +167,7 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     sample(&mut out, "agentmesh_local_agents", "gauge", "Agents this node publishes.", local);
     let metric = "agentmesh_records";
     family(&mut out, metric, "gauge", "Records in the view by derived health.");
-    let counts = app.registry.health_counts(super::now_millis());
+    let counts = app.registry.health_counts(crate::clock::now_millis());
     for health in crate::registry::health::Health::ALL {
         let _ =
             writeln!(out, "{metric}{{health=\"{}\"}} {}", health.as_str(), counts.get(&health).unwrap_or(&0));

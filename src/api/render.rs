@@ -6,14 +6,6 @@ pub mod compact;
 pub mod json;
 pub mod xml;
 
-use crate::registry::health::Millis;
-
-/// RFC 3339 UTC with milliseconds.
-pub fn rfc3339(ms: Millis) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
 /// `<agent_id>:<reasoner_id>`.
 pub fn reasoner_target(agent_id: &str, reasoner_id: &str) -> String {
     format!("{agent_id}:{reasoner_id}")

@@ -211,7 +211,7 @@ pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<()
     if header.get("kid").and_then(Value::as_str) != Some(publisher.to_base58().as_str()) {
         return Err(SignatureError::KeyId);
     }
-    let key = crate::wire::public_key(publisher).ok_or(SignatureError::Publisher)?;
+    let key = crate::identity::public_key(publisher).ok_or(SignatureError::Publisher)?;
     let raw = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
     if key.verify(signing_input(&sig.protected, view).as_bytes(), &raw) {
         Ok(())

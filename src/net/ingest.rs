@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::sync::mpsc;
 
 use super::Counters;
-use crate::api::now_millis;
+use crate::clock::now_millis;
 use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
 

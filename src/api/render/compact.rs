@@ -2,7 +2,8 @@
 
 use serde::Serialize;
 
-use super::{reasoner_target, rfc3339, skill_target};
+use super::{reasoner_target, skill_target};
+use crate::clock::rfc3339;
 use crate::query::Selection;
 use crate::registry::health::Millis;
 

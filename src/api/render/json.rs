@@ -5,8 +5,9 @@ use std::borrow::Cow;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::{reasoner_target, rfc3339, skill_target};
+use super::{reasoner_target, skill_target};
 use crate::card::held::{CapRef, CardRef};
+use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
 

@@ -10,8 +10,9 @@ use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
 use quick_xml::Writer;
 use serde_json::Value;
 
-use super::{reasoner_target, rfc3339, skill_target};
+use super::{reasoner_target, skill_target};
 use crate::card::held::CapRef;
+use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
 

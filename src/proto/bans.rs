@@ -17,12 +17,12 @@ struct Strikes {
 }
 
 #[derive(Debug, Default)]
-pub struct Guard {
+pub struct BanList {
     strikes: HashMap<PeerId, Strikes>,
     banned: HashMap<PeerId, u64>,
 }
 
-impl Guard {
+impl BanList {
     /// Records `count` rejected messages from `peer`; true when this bans it (once per ban).
     pub fn strike(&mut self, peer: PeerId, count: u32, now: u64) -> bool {
         if self.is_banned(&peer, now) {
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn a_peer_is_banned_after_enough_strikes_in_the_window_and_released_after_the_ban() {
-        let mut g = Guard::default();
+        let mut g = BanList::default();
         let p = PeerId::random();
         for i in 0..MAX_STRIKES - 1 {
             assert!(!g.strike(p, 1, u64::from(i)));
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn strikes_spread_beyond_the_window_do_not_add_up() {
-        let mut g = Guard::default();
+        let mut g = BanList::default();
         let p = PeerId::random();
         let step = STRIKE_WINDOW.as_millis() as u64 / 4;
         for i in 0..(4 * MAX_STRIKES) {
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn tracking_is_bounded() {
-        let mut g = Guard::default();
+        let mut g = BanList::default();
         for _ in 0..MAX_TRACKED_PEERS + 100 {
             g.strike(PeerId::random(), 1, 5);
         }

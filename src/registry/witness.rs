@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use sha2::Digest as _;
 
 /// The witness file, inside the store directory (deleting the store deletes it too).
-pub const GUARD_FILE: &str = "agentmesh-local.sum";
+pub const WITNESS_FILE: &str = "agentmesh-local.sum";
 const HEADER: &str = "agentmesh local records v1";
 
 #[derive(Debug, thiserror::Error)]
-pub enum GuardError {
+pub enum WitnessError {
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
     #[error("{path} is damaged ({reason}); remove it to trust the store as it is")]
@@ -82,12 +82,12 @@ impl Change {
 /// What the file holds: the sum of what is stored, and the sum once the change being made is in
 /// (equal when none is).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Witness {
+struct Written {
     committed: Sum,
     pending: Sum,
 }
 
-impl Witness {
+impl Written {
     fn encode(&self) -> String {
         let body = format!(
             "{HEADER}\n{} {:016x}\n{} {:016x}\n",
@@ -97,7 +97,7 @@ impl Witness {
         format!("{body}{}\n", hex8(&check[..8]))
     }
 
-    fn decode(text: &str) -> Result<Witness, String> {
+    fn decode(text: &str) -> Result<Written, String> {
         let lines: Vec<&str> = text.lines().collect();
         let [header, committed, pending, check] = lines.as_slice() else {
             return Err(format!("{} lines, expected 4", lines.len()));
@@ -116,7 +116,7 @@ impl Witness {
                 digest: u64::from_str_radix(digest, 16).map_err(|_| "malformed digest")?,
             })
         };
-        Ok(Witness { committed: sum(committed)?, pending: sum(pending)? })
+        Ok(Written { committed: sum(committed)?, pending: sum(pending)? })
     }
 }
 
@@ -126,26 +126,26 @@ fn hex8(bytes: &[u8]) -> String {
 
 /// The witness of one store directory.
 #[derive(Debug)]
-pub struct Guard {
+pub struct Witness {
     path: PathBuf,
     /// The sum after every change written so far.
     current: Sum,
 }
 
-impl Guard {
+impl Witness {
     /// Checks the store's local records (`found`) against the witness in `store_dir`. No witness (a
     /// new store, or one from a version without it): the store is trusted and a witness is started.
-    pub fn open(store_dir: &Path, found: Sum, accept_loss: bool) -> Result<Guard, GuardError> {
-        let path = store_dir.join(GUARD_FILE);
-        let guard = Guard { path: path.clone(), current: found };
+    pub fn open(store_dir: &Path, found: Sum, accept_loss: bool) -> Result<Witness, WitnessError> {
+        let path = store_dir.join(WITNESS_FILE);
+        let this = Witness { path: path.clone(), current: found };
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                let witness = Witness::decode(&text)
-                    .map_err(|reason| GuardError::Corrupt { path: path.clone(), reason })?;
+                let witness = Written::decode(&text)
+                    .map_err(|reason| WitnessError::Corrupt { path: path.clone(), reason })?;
                 let matches = found == witness.committed || found == witness.pending;
                 if !matches && !accept_loss {
                     let expected = witness.committed.count.max(witness.pending.count);
-                    return Err(GuardError::Lost {
+                    return Err(WitnessError::Lost {
                         path: store_dir.to_owned(),
                         expected,
                         found: found.count,
@@ -160,17 +160,17 @@ impl Guard {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(GuardError::Corrupt { path, reason: e.to_string() }),
+            Err(e) => return Err(WitnessError::Corrupt { path, reason: e.to_string() }),
         }
-        guard.write(&Witness { committed: found, pending: found })?;
-        Ok(guard)
+        this.write(&Written { committed: found, pending: found })?;
+        Ok(this)
     }
 
     /// Records changes about to be written to the store at once (one write or one atomic batch). Call
     /// before the store write; an error means the changes must not be made.
-    pub fn before_all(&mut self, changes: &[Change]) -> Result<(), GuardError> {
+    pub fn before_all(&mut self, changes: &[Change]) -> Result<(), WitnessError> {
         let after = changes.iter().fold(self.current, |sum, change| change.apply(sum));
-        self.write(&Witness { committed: self.current, pending: after })?;
+        self.write(&Written { committed: self.current, pending: after })?;
         self.current = after;
         Ok(())
     }
@@ -189,8 +189,8 @@ impl Guard {
         }
     }
 
-    fn write(&self, witness: &Witness) -> Result<(), GuardError> {
-        let err = |source| GuardError::Write { path: self.path.clone(), source };
+    fn write(&self, witness: &Written) -> Result<(), WitnessError> {
+        let err = |source| WitnessError::Write { path: self.path.clone(), source };
         let tmp = self.path.with_extension("tmp");
         let mut file = std::fs::File::create(&tmp).map_err(err)?;
         file.write_all(witness.encode().as_bytes()).map_err(err)?;
@@ -220,40 +220,40 @@ mod tests {
         // Crashed before the store write, or after it: both fine.
         for stored in [sum(&[("a", 1)]), sum(&[("a", 1), ("b", 5)])] {
             let dir = tempfile::tempdir().unwrap();
-            let mut g = Guard::open(dir.path(), sum(&[("a", 1)]), false).unwrap();
+            let mut g = Witness::open(dir.path(), sum(&[("a", 1)]), false).unwrap();
             g.before_all(&[Change { agent_id: "b".into(), before: None, after: Some(5) }]).unwrap();
-            Guard::open(dir.path(), stored, false).unwrap();
+            Witness::open(dir.path(), stored, false).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut g = Guard::open(dir.path(), sum(&[("a", 1), ("b", 5)]), false).unwrap();
+        let mut g = Witness::open(dir.path(), sum(&[("a", 1), ("b", 5)]), false).unwrap();
         g.before_all(&[Change { agent_id: "a".into(), before: Some(1), after: Some(2) }]).unwrap();
         // The store lost b: refused, naming the counts.
-        let e = Guard::open(dir.path(), sum(&[("a", 2)]), false).unwrap_err();
-        assert!(matches!(e, GuardError::Lost { expected: 2, found: 1, .. }), "{e}");
+        let e = Witness::open(dir.path(), sum(&[("a", 2)]), false).unwrap_err();
+        assert!(matches!(e, WitnessError::Lost { expected: 2, found: 1, .. }), "{e}");
         // Same count, other content (an older version of a after a rollback): refused too.
-        assert!(Guard::open(dir.path(), sum(&[("a", 1), ("b", 4)]), false).is_err());
+        assert!(Witness::open(dir.path(), sum(&[("a", 1), ("b", 4)]), false).is_err());
         // Accepting the loss rebases the witness.
-        Guard::open(dir.path(), sum(&[("a", 2)]), true).unwrap();
-        Guard::open(dir.path(), sum(&[("a", 2)]), false).unwrap();
+        Witness::open(dir.path(), sum(&[("a", 2)]), true).unwrap();
+        Witness::open(dir.path(), sum(&[("a", 2)]), false).unwrap();
     }
 
     #[test]
     fn a_damaged_witness_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        Guard::open(dir.path(), sum(&[("a", 1)]), false).unwrap();
-        let path = dir.path().join(GUARD_FILE);
+        Witness::open(dir.path(), sum(&[("a", 1)]), false).unwrap();
+        let path = dir.path().join(WITNESS_FILE);
         let text = std::fs::read_to_string(&path).unwrap().replace("1 ", "7 ");
         std::fs::write(&path, text).unwrap();
-        let e = Guard::open(dir.path(), sum(&[("a", 1)]), false).unwrap_err();
-        assert!(e.to_string().contains("damaged") && e.to_string().contains(GUARD_FILE), "{e}");
+        let e = Witness::open(dir.path(), sum(&[("a", 1)]), false).unwrap_err();
+        assert!(e.to_string().contains("damaged") && e.to_string().contains(WITNESS_FILE), "{e}");
     }
 
     #[test]
     fn a_new_store_starts_a_witness() {
         let dir = tempfile::tempdir().unwrap();
-        Guard::open(dir.path(), Sum::default(), false).unwrap();
-        assert!(dir.path().join(GUARD_FILE).exists());
-        let e = Guard::open(dir.path(), sum(&[("x", 1)]), false);
+        Witness::open(dir.path(), Sum::default(), false).unwrap();
+        assert!(dir.path().join(WITNESS_FILE).exists());
+        let e = Witness::open(dir.path(), sum(&[("x", 1)]), false);
         assert!(
             e.is_err(),
             "records that were never witnessed appeared: not a loss, but not this store either"

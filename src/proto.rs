@@ -1,0 +1,8 @@
+//! The mesh protocol's decisions, free of I/O: no sled, no tokio, no swarm, no clock. Time is a
+//! parameter ([`crate::clock::Millis`]); randomness comes from a seeded rng the caller owns. The mesh
+//! shell (`net`) feeds these types what it hears and carries out what they decide; the simulator
+//! (`simulations/sim`) runs the same code on a virtual network.
+//!
+//! - [`bans`]: strikes and bans for peers that keep sending what verification refuses.
+
+pub mod bans;

@@ -275,6 +275,17 @@ impl AgentCard {
         }
     }
 
+    /// What [`verify_a2a`](Self::verify_a2a) checks, with the signature itself left to the caller (to
+    /// verify many in one batch): `None` when the card has no A2A view and no signature.
+    pub fn a2a_claim(&self, publisher: &libp2p::PeerId) -> Result<Option<a2a::Claim>, a2a::SignatureError> {
+        match (a2a::view(self), &self.a2a_signature) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(a2a::SignatureError::Unexpected),
+            (Some(_), None) => Err(a2a::SignatureError::Missing),
+            (Some(view), Some(sig)) => a2a::claim(publisher, &view, sig).map(Some),
+        }
+    }
+
     /// Parses a card in either form: an agentmesh card, or an A2A card (no `agent_id`).
     pub fn from_json_any(bytes: &[u8]) -> Result<Self, CardError> {
         if bytes.len() > MAX_CARD_BYTES * 4 {

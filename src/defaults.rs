@@ -141,12 +141,22 @@ pub const MAX_TOMBSTONES: usize = 100_000;
 pub const MAX_LIST_FETCHES: usize = 256;
 /// Sync requests of this node awaiting an answer at most: a round beyond it waits for the next tick.
 pub const MAX_SYNC_IN_FLIGHT: usize = 64;
-/// Card messages in one sync answer at most; the requester asks again at once while the answer says
-/// there is more.
-pub const MAX_CARDS_PER_RESPONSE: usize = 2000;
-/// Largest sync request (a digest of every record: ~70 bytes each, 100,000 records in 7 MB).
-pub const MAX_SYNC_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
-/// Largest sync answer: `MAX_CARDS_PER_RESPONSE` maximal cards, or every chunk of a maximal list.
+/// Largest reconciliation frame: a newcomer learns the ids of a large view in frames of this size
+/// (about 8,000 record ids each), one round trip apiece.
+pub const RECONCILE_FRAME_BYTES: usize = 256 * 1024;
+/// Records asked for in one fetch request at most (and so cards in one answer: 256 maximal cards are
+/// 16 MiB). Several requests are in flight at once, so a newcomer's fetches are pipelined.
+pub const FETCH_BATCH: usize = 256;
+/// Records being fetched at most (claims held until answered or lapsed); the rest waits for a later
+/// round. As many as the default remote-record bound.
+pub const MAX_PENDING_FETCHES: usize = MAX_REMOTE_RECORDS;
+/// A fetch with no answer by then is given up, and its records may be asked of another peer.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(20);
+/// After its answer, how long a fetched record stays claimed while the ingest worker applies it.
+pub const FETCH_GRACE: Duration = Duration::from_secs(5);
+/// Largest sync request: a reconciliation frame, or a fetch of `FETCH_BATCH` ids.
+pub const MAX_SYNC_REQUEST_BYTES: u64 = 1024 * 1024;
+/// Largest sync answer: `FETCH_BATCH` maximal cards, or every chunk of a maximal agent list.
 pub const MAX_SYNC_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 /// Addresses remembered per connected peer (shown by `/api/v1/mesh/peers`).
 pub const MAX_ADDRS_PER_PEER: usize = 8;
@@ -159,5 +169,15 @@ pub const MAX_STRIKES: u32 = 20;
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a banned peer is refused.
 pub const BAN_FOR: Duration = Duration::from_secs(600);
+/// Peers asked whether they still reach a peer whose connection closed (failure detection).
+pub const PROBE_HELPERS: usize = 3;
+/// A suspicion with no verdict by then lapses (heartbeat age decides); with evidence of death and no
+/// helper reaching the peer, the peer is declared down then.
+pub const SUSPECT_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How long a node remembers losing a peer, to answer other nodes' probes about it.
+pub const LOST_MEMORY: Duration = Duration::from_secs(10);
+/// Peers suspected at once at most (a mass disconnect beyond it is left to heartbeat age).
+pub const MAX_SUSPECTS: usize = 256;
+
 /// Peers tracked at most for strikes and bans; the oldest entries go first beyond it.
 pub const MAX_TRACKED_PEERS: usize = 4096;

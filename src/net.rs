@@ -8,6 +8,7 @@
 //! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
 //!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
 
+mod detect;
 pub mod ingest;
 pub mod sync;
 
@@ -36,16 +37,18 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use crate::clock::now_millis;
 use crate::clock::rfc3339;
 use crate::defaults::{
-    MAX_ADDRS_PER_PEER, MAX_CARDS_PER_RESPONSE, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT, MAX_SYNC_REQUEST_BYTES,
-    MAX_SYNC_RESPONSE_BYTES,
+    MAX_ADDRS_PER_PEER, MAX_LIST_FETCHES, MAX_SYNC_REQUEST_BYTES, MAX_SYNC_RESPONSE_BYTES,
 };
 use crate::proto::bans::{self, BanList};
+use crate::proto::fetch::Fetches;
+use crate::proto::membership::Membership;
+use crate::proto::reconcile::Index;
 use crate::registry::remote::SignedList;
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
 use ingest::{Inbound, Policy, Verdict};
-use sync::{DigestItem, SyncRequest, SyncResponse};
+use sync::{SyncRequest, SyncResponse};
 
 /// Topic of cards and tombstones.
 pub const CARDS_TOPIC: &str = "agentmesh/cards/1";
@@ -67,6 +70,8 @@ pub const REDIAL_MIN: Duration = Duration::from_secs(1);
 pub const REDIAL_MAX: Duration = Duration::from_secs(60);
 /// How long a leaving node keeps polling the swarm so that its goodbye goes out.
 pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
+/// How often suspicions are checked for their timeout (failure detection).
+pub const DETECT_TICK: Duration = Duration::from_millis(100);
 /// How often mDNS asks the LAN who is there (libp2p's default: 5 min). Only the lower PeerId of a pair
 /// dials, so a node whose first query went out before its neighbour was up must ask again soon, or the
 /// pair stays apart until the next query.
@@ -152,6 +157,8 @@ pub struct CounterState {
     pub peers_banned: u64,
     /// Connections that failed before being established (wrong network key, unreachable, refused).
     pub connection_errors: u64,
+    /// Peers this node declared down (connection closed, confirmed by peers it asked).
+    pub peers_declared_down: u64,
     pub sync_rounds: u64,
     pub last_sync_ms: Option<u64>,
 }
@@ -437,9 +444,14 @@ pub async fn spawn(
         last_list: None,
         list_beats: 0,
         own_list: None,
+        last_heartbeat: None,
         list_fetches: HashMap::new(),
-        sync_in_flight: HashSet::new(),
+        sync_in_flight: HashMap::new(),
+        fetches: Fetches::default(),
+        index: None,
         bans: BanList::default(),
+        membership: Membership::default(),
+        rng: rand::SeedableRng::from_os_rng(),
     };
     tasks.spawn_loop("mesh event loop", event_loop.run());
     Ok(NetHandle { tx, peer_id })
@@ -486,12 +498,21 @@ struct EventLoop {
     /// The signed messages that carry this node's current list (the heartbeat that last carried it,
     /// or every chunk of a long one), for nodes that fetch it.
     own_list: Option<SignedList>,
+    /// This node's newest heartbeat, sent first in answer to a fetch of its list.
+    last_heartbeat: Option<Arc<[u8]>>,
     /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
     list_fetches: HashMap<PeerId, Instant>,
-    /// Sync requests awaiting their answer (at most `MAX_SYNC_IN_FLIGHT`).
-    sync_in_flight: HashSet<request_response::OutboundRequestId>,
+    /// Sync requests awaiting their answer, and what each asked (at most `MAX_SYNC_IN_FLIGHT`).
+    sync_in_flight: HashMap<request_response::OutboundRequestId, sync::Asked>,
+    /// Records being fetched, each of one peer at a time.
+    fetches: Fetches,
+    /// The reconciliation index and the view generation it was built from.
+    index: Option<(u64, Arc<Index>)>,
     /// Strikes and bans of peers that send what verification refuses.
     bans: BanList,
+    /// The failure detector, and the rng it draws helpers with.
+    membership: Membership,
+    rng: rand::rngs::StdRng,
 }
 
 impl EventLoop {
@@ -500,7 +521,8 @@ impl EventLoop {
         let mut sync = interval(SYNC_INTERVAL);
         let mut redial = interval(REDIAL_MIN);
         let mut lan_redial = interval(MDNS_QUERY_INTERVAL);
-        for timer in [&mut heartbeat, &mut sync, &mut redial, &mut lan_redial] {
+        let mut detect = interval(DETECT_TICK);
+        for timer in [&mut heartbeat, &mut sync, &mut redial, &mut lan_redial, &mut detect] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         loop {
@@ -521,6 +543,7 @@ impl EventLoop {
                 _ = sync.tick() => self.sync_with_random_peer(),
                 _ = redial.tick() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
+                _ = detect.tick() => self.on_detect_tick(),
             }
         }
     }
@@ -577,9 +600,11 @@ impl EventLoop {
         self.list_beats = self.list_beats.saturating_add(1);
         let body = HeartbeatBody { sent_at: now, digest, agents: with_list.then_some(agents) };
         let msg = wire::seal_heartbeat(&self.keypair, &body);
+        let signed = Arc::<[u8]>::from(msg.as_slice());
         if with_list {
-            self.own_list = Some(Arc::from([Arc::<[u8]>::from(msg.as_slice())]));
+            self.own_list = Some(Arc::from([signed.clone()]));
         }
+        self.last_heartbeat = Some(signed);
         self.publish(&self.heartbeats.clone(), msg);
         for peer in self.bans.expire(now) {
             tracing::info!(%peer, "ban ended");
@@ -587,39 +612,6 @@ impl EventLoop {
         }
         let stale = Instant::now();
         self.list_fetches.retain(|_, &mut at| at > stale);
-    }
-
-    /// Sends a sync request unless `MAX_SYNC_IN_FLIGHT` are already awaiting answers (the work is
-    /// then picked up again by the next heartbeat or sync tick).
-    fn send_sync(&mut self, peer: PeerId, request: SyncRequest) {
-        if self.sync_in_flight.len() >= MAX_SYNC_IN_FLIGHT {
-            tracing::debug!(%peer, "sync request not sent: too many in flight");
-            return;
-        }
-        let id = self.swarm.behaviour_mut().sync.send_request(&peer, request);
-        self.sync_in_flight.insert(id);
-    }
-
-    /// Sends everything this node holds, `(publisher, agent_id, seq)*`, to be answered with what it
-    /// lacks or holds older.
-    fn send_digest(&mut self, peer: PeerId) {
-        let items = self
-            .registry
-            .digest()
-            .into_iter()
-            .map(|(publisher, agent_id, seq)| DigestItem {
-                publisher: ByteBuf::from(publisher.to_bytes()),
-                agent_id,
-                seq,
-            })
-            .collect();
-        self.send_sync(peer, SyncRequest::Digest(items));
-    }
-
-    /// Starts an anti-entropy round: fingerprints first, the full digest only if they differ.
-    fn request_sync(&mut self, peer: PeerId) {
-        let (fingerprint, count) = self.registry.fingerprint();
-        self.send_sync(peer, SyncRequest::Summary { fingerprint, count });
     }
 
     fn sync_with_random_peer(&mut self) {
@@ -705,11 +697,10 @@ impl EventLoop {
                 }
             }
             Verdict::Misbehaved { peer, rejected } => self.strike(peer, rejected),
-            // The rest of a cut answer, now that its first part is applied: the full digest at once.
-            Verdict::SyncAgain { peer } => {
-                if self.swarm.is_connected(&peer) {
-                    self.send_digest(peer);
-                }
+            Verdict::Settled(ids) => self.fetches.failed(&ids),
+            Verdict::Refute => {
+                tracing::info!("declared down by a peer; refuting with a heartbeat");
+                self.on_heartbeat_tick();
             }
             Verdict::FetchList { from, publisher } => {
                 let now = Instant::now();
@@ -722,12 +713,11 @@ impl EventLoop {
                 self.list_fetches.insert(publisher, now + self.config.heartbeat_interval);
                 let peer = self.ask_for(publisher, from);
                 let request = SyncRequest::List { publisher: ByteBuf::from(publisher.to_bytes()) };
-                self.send_sync(peer, request);
+                self.send_sync(peer, request, sync::Asked::List);
             }
-            Verdict::Pull { from, publisher, agent_ids } => {
+            Verdict::Fetch { from, publisher, ids } => {
                 let peer = self.ask_for(publisher, from);
-                let request = SyncRequest::Pull { publisher: ByteBuf::from(publisher.to_bytes()), agent_ids };
-                self.send_sync(peer, request);
+                self.fetch(peer, ids);
             }
         }
     }
@@ -861,11 +851,19 @@ impl EventLoop {
                 }
                 if num_established.get() == 1 {
                     tracing::debug!(%peer_id, "peer connected");
+                    self.membership.connected(peer_id);
                     self.request_sync(peer_id);
+                    // Its newest heartbeat and list at once: its agents are alive as their cards
+                    // land, without waiting for its next heartbeat to reach this node by gossip.
+                    let request = SyncRequest::List { publisher: ByteBuf::from(peer_id.to_bytes()) };
+                    self.send_sync(peer_id, request, sync::Asked::List);
                 }
             }
             SwarmEvent::OutgoingConnectionError { connection_id, peer_id, error } => {
                 tracing::debug!(peer = ?peer_id, %error, "could not connect");
+                if let Some(peer) = peer_id {
+                    self.on_dial_failed(peer);
+                }
                 self.counters.update(|c| c.connection_errors += 1);
                 for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {
                     b.pending = None;
@@ -880,6 +878,7 @@ impl EventLoop {
                 tracing::debug!(%peer_id, "peer disconnected");
                 self.rtts.remove(&peer_id);
                 self.addrs.remove(&peer_id);
+                self.on_peer_lost(peer_id);
             }
             SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
             _ => {}
@@ -934,21 +933,7 @@ impl EventLoop {
                     let _ = self.swarm.behaviour_mut().sync.send_response(channel, response);
                 }
                 request_response::Message::Response { request_id, response } => {
-                    self.sync_in_flight.remove(&request_id);
-                    self.counters.update(|c| {
-                        c.sync_rounds += 1;
-                        c.last_sync_ms = Some(now_millis());
-                    });
-                    if response.differs {
-                        self.send_digest(peer);
-                    }
-                    if !response.cards.is_empty() {
-                        let more = response.more;
-                        let inbound = Inbound::Signed { from: peer, messages: response.cards, more };
-                        if self.ingest.try_send(inbound).is_err() {
-                            tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
-                        }
-                    }
+                    self.on_sync_response(peer, request_id, response);
                 }
             },
             BehaviourEvent::Sync(request_response::Event::OutboundFailure {
@@ -957,49 +942,9 @@ impl EventLoop {
                 error,
                 ..
             }) => {
-                self.sync_in_flight.remove(&request_id);
-                tracing::debug!(%peer, %error, "sync request failed");
+                self.on_sync_failure(peer, request_id, &error);
             }
             _ => {}
         }
-    }
-
-    fn answer(&self, request: SyncRequest) -> SyncResponse {
-        let cards = match request {
-            SyncRequest::Summary { fingerprint, count } => {
-                let differs = self.registry.fingerprint() != (fingerprint, count);
-                return SyncResponse { cards: Vec::new(), differs, more: false };
-            }
-            SyncRequest::Digest(items) => {
-                let theirs: HashMap<(PeerId, String), u64> = items
-                    .into_iter()
-                    .filter_map(|i| Some(((PeerId::from_bytes(&i.publisher).ok()?, i.agent_id), i.seq)))
-                    .collect();
-                // One more than an answer holds tells whether it was cut.
-                self.registry.newer_than(&theirs, MAX_CARDS_PER_RESPONSE + 1)
-            }
-            SyncRequest::Pull { publisher, agent_ids } => {
-                let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
-                agent_ids
-                    .into_iter()
-                    .filter_map(|agent_id| self.registry.signed_card(&RecordKey { agent_id, publisher }))
-                    .take(MAX_CARDS_PER_RESPONSE + 1)
-                    .collect()
-            }
-            SyncRequest::List { publisher } => {
-                let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
-                let list = if publisher == *self.swarm.local_peer_id() {
-                    self.own_list.clone()
-                } else {
-                    self.registry.signed_list(&publisher)
-                };
-                // Every chunk of a list goes in one answer (a list is bounded: `MAX_LIST_CHUNKS`).
-                let messages = list.map(|l| l.iter().map(|m| ByteBuf::from(m.to_vec())).collect());
-                return SyncResponse { cards: messages.unwrap_or_default(), differs: false, more: false };
-            }
-        };
-        let more = cards.len() > MAX_CARDS_PER_RESPONSE;
-        let cards = cards.into_iter().take(MAX_CARDS_PER_RESPONSE).map(ByteBuf::from).collect();
-        SyncResponse { cards, differs: false, more }
     }
 }

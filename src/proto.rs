@@ -4,5 +4,11 @@
 //! (`simulations/sim`) runs the same code on a virtual network.
 //!
 //! - [`bans`]: strikes and bans for peers that keep sending what verification refuses.
+//! - [`reconcile`]: record ids and range-based set reconciliation of two views (anti-entropy).
+//! - [`fetch`]: which missing records to ask for, of one peer at a time.
+//! - [`membership`]: failure detection by suspicion and indirect confirmation.
 
 pub mod bans;
+pub mod fetch;
+pub mod membership;
+pub mod reconcile;

@@ -12,7 +12,7 @@ pub mod remote;
 pub mod store;
 pub mod witness;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -136,6 +136,11 @@ impl Live {
     fn reported(&self) -> Reported {
         Reported::from_u8(self.reported.load(Ordering::Acquire))
     }
+
+    /// Its publisher was declared down: offline until a newer heartbeat says otherwise.
+    fn down(&self) {
+        self.reported.store(Reported::Offline.to_u8(), Ordering::Release);
+    }
 }
 
 /// One agent in the view.
@@ -161,6 +166,11 @@ impl Entry {
         let card = HeldCard::new(card);
         let sig = Box::default();
         Self { key, seq, card, publisher_name, sig, origin, updated_at, live: Arc::new(Live::default()) }
+    }
+
+    /// Marks the entry offline (its publisher was declared down), keeping its last heartbeat time.
+    pub(crate) fn down(&self) {
+        self.live.down();
     }
 
     /// Records a sign of life (tests and tooling; the registry goes through `heartbeat_local`).
@@ -542,11 +552,40 @@ impl Registry {
 
     /// Applies many updates (a sync response) and publishes the view once: building a snapshot is
     /// O(records), so a node catching up on thousands of cards must not build one per card.
+    ///
+    /// A record new here whose publisher's newest heartbeat already named it (at this seq or an older
+    /// one) is alive as of that heartbeat: a newcomer's agents turn `active` as their cards land, not
+    /// a heartbeat interval later.
     pub async fn apply_many(&self, updates: Vec<Update>, now: Millis) -> Vec<Result<Applied, RegistryError>> {
         let mut map = self.writer.lock().await;
         let mut results = Vec::with_capacity(updates.len());
+        let lists = self.remote_lists(&updates);
+        let listed: HashMap<PeerId, (Millis, HashMap<&str, &crate::wire::HeartbeatAgent>)> = lists
+            .iter()
+            .map(|(p, (at, list))| (*p, (*at, list.iter().map(|a| (a.agent_id.as_str(), a)).collect())))
+            .collect();
         for update in updates {
-            results.push(self.apply_locked(&mut map, update, now).await);
+            let named = match &update {
+                Update::Upsert { publisher, seq, card, origin: Origin::Remote, .. } => listed
+                    .get(publisher)
+                    .and_then(|(at, agents)| Some((*at, *agents.get(card.agent_id.as_str())?)))
+                    .filter(|(_, agent)| agent.seq <= *seq)
+                    .map(|(at, agent)| {
+                        (
+                            RecordKey { agent_id: agent.agent_id.clone(), publisher: *publisher },
+                            at,
+                            agent.reported,
+                        )
+                    }),
+                _ => None,
+            };
+            let result = self.apply_locked(&mut map, update, now).await;
+            if let (Ok(Applied::Created { .. }), Some((key, at, reported))) = (&result, named) {
+                if let Some(entry) = map.get(&key) {
+                    entry.beat(at, reported);
+                }
+            }
+            results.push(result);
         }
         if results.iter().any(|r| r.as_ref().is_ok_and(Applied::changed_view)) {
             self.publish(&map);

@@ -11,6 +11,7 @@ use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use crate::card::a2a::{Claim, SignatureError};
 use crate::card::reported::Reported;
 use crate::card::AgentCard;
 use crate::identity::public_key;
@@ -65,6 +66,7 @@ pub enum Kind {
     Heartbeat = 2,
     Tombstone = 3,
     ListChunk = 4,
+    Down = 5,
 }
 
 impl Kind {
@@ -74,6 +76,7 @@ impl Kind {
             2 => Ok(Kind::Heartbeat),
             3 => Ok(Kind::Tombstone),
             4 => Ok(Kind::ListChunk),
+            5 => Ok(Kind::Down),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -84,6 +87,7 @@ impl Kind {
             Kind::Heartbeat => b"agentmesh/v1/heartbeat\0",
             Kind::Tombstone => b"agentmesh/v1/tombstone\0",
             Kind::ListChunk => b"agentmesh/v1/list-chunk\0",
+            Kind::Down => b"agentmesh/v1/down\0",
         }
     }
 }
@@ -242,6 +246,7 @@ pub enum Message {
     Heartbeat(HeartbeatBody),
     Tombstone(TombstoneBody),
     ListChunk(ListChunkBody),
+    Down(DownBody),
 }
 
 /// A message that passed [`open`], with its publisher.
@@ -311,8 +316,43 @@ pub fn seal_tombstone(key: &Keypair, body: &TombstoneBody) -> Vec<u8> {
     seal(key, Kind::Tombstone, cbor(body))
 }
 
+/// "`target` is down": the signer lost its connection to it, and the peers it asked could not reach it
+/// either (see `proto::membership`). `last_seen`: the `sent_at` of the newest heartbeat of `target` the
+/// signer had heard; a heartbeat sent later refutes the declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownBody {
+    pub target: ByteBuf,
+    pub last_seen: u64,
+}
+
+pub fn seal_down(key: &Keypair, target: &PeerId, last_seen: u64) -> Vec<u8> {
+    let body = DownBody { target: ByteBuf::from(target.to_bytes()), last_seen };
+    seal(key, Kind::Down, cbor(&body))
+}
+
 /// Checks and decodes a message: size, version, publisher key and signature first, then the body.
 pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
+    parse(bytes)?.verify()?.decode()
+}
+
+/// A message whose envelope is well formed and whose publisher is a usable Ed25519 key. Its signature
+/// is not checked yet, and nothing of its body is read until it is: [`Sealed::verify`] or
+/// [`verify_all`] are the only ways to a [`Checked`] message, and only a checked one decodes.
+#[derive(Debug)]
+pub struct Sealed {
+    kind: Kind,
+    publisher: PeerId,
+    key: ed25519_dalek::VerifyingKey,
+    body: Vec<u8>,
+    sig: Vec<u8>,
+}
+
+/// A message whose signature verified; [`Checked::decode`] reads its body.
+#[derive(Debug)]
+pub struct Checked(Sealed);
+
+/// Reads the envelope: size, version, kind and publisher key. No signature check, no body decoding.
+pub fn parse(bytes: &[u8]) -> Result<Sealed, WireError> {
     if bytes.len() > MAX_MESSAGE_BYTES {
         return Err(WireError::TooLarge(bytes.len()));
     }
@@ -322,11 +362,132 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
     }
     let kind = Kind::from_u8(env.kind)?;
     let publisher = PeerId::from_bytes(&env.publisher).map_err(|_| WireError::BadPublisher)?;
-    let key = public_key(&publisher).ok_or(WireError::BadPublisher)?;
-    if !key.verify(&signing_input(kind, &env.body), &env.sig) {
-        return Err(WireError::BadSignature);
+    let key = verifying_key(&publisher).ok_or(WireError::BadPublisher)?;
+    Ok(Sealed { kind, publisher, key, body: env.body.into_vec(), sig: env.sig.into_vec() })
+}
+
+/// The Ed25519 key of an Ed25519 PeerId. Keys of small order are refused: anyone can make a signature
+/// that such a key "verifies", and batch verification must never meet one.
+fn verifying_key(publisher: &PeerId) -> Option<ed25519_dalek::VerifyingKey> {
+    let key = public_key(publisher)?.try_into_ed25519().ok()?;
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&key.to_bytes()).ok()?;
+    (!key.is_weak()).then_some(key)
+}
+
+impl Sealed {
+    pub fn publisher(&self) -> PeerId {
+        self.publisher
     }
-    let body = env.body.as_slice();
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn signature(&self) -> Option<ed25519_dalek::Signature> {
+        ed25519_dalek::Signature::from_slice(&self.sig).ok()
+    }
+
+    /// Checks the signature alone, as libp2p checks Ed25519 signatures.
+    pub fn verify(self) -> Result<Checked, WireError> {
+        use ed25519_dalek::Verifier as _;
+        let sig = self.signature().ok_or(WireError::BadSignature)?;
+        match self.key.verify(&signing_input(self.kind, &self.body), &sig) {
+            Ok(()) => Ok(Checked(self)),
+            Err(_) => Err(WireError::BadSignature),
+        }
+    }
+}
+
+/// Verifies many messages at once: one Ed25519 batch equation for all of them (about twice as fast
+/// per signature as one by one), then, only if the batch fails, each alone to find the culprits.
+/// The result is the same as verifying each with [`Sealed::verify`]; order is kept.
+pub fn verify_all(sealed: Vec<Sealed>) -> Vec<Result<Checked, WireError>> {
+    if sealed.len() < 2 {
+        return sealed.into_iter().map(Sealed::verify).collect();
+    }
+    let inputs: Vec<Vec<u8>> = sealed.iter().map(|s| signing_input(s.kind, &s.body)).collect();
+    let sigs: Option<Vec<ed25519_dalek::Signature>> = sealed.iter().map(Sealed::signature).collect();
+    let passed = sigs.is_some_and(|sigs| {
+        let messages: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let keys: Vec<ed25519_dalek::VerifyingKey> = sealed.iter().map(|s| s.key).collect();
+        ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
+    });
+    if passed {
+        sealed.into_iter().map(|s| Ok(Checked(s))).collect()
+    } else {
+        sealed.into_iter().map(Sealed::verify).collect()
+    }
+}
+
+impl Checked {
+    pub fn publisher(&self) -> PeerId {
+        self.0.publisher
+    }
+
+    /// Decodes the verified body and checks what the kind requires of it (a card's A2A signature
+    /// included).
+    pub fn decode(self) -> Result<Verified, WireError> {
+        let (verified, claim) = self.decode_deferred()?;
+        match claim {
+            Some(claim) if !claim.verify() => Err(WireError::BadA2aSignature(SignatureError::Invalid)),
+            _ => Ok(verified),
+        }
+    }
+
+    /// [`decode`](Self::decode), with a card's A2A signature returned unverified.
+    fn decode_deferred(self) -> Result<(Verified, Option<KeyedClaim>), WireError> {
+        let Sealed { kind, publisher, key, body, sig } = self.0;
+        let (message, claim) = decode_body(kind, publisher, &body)?;
+        Ok((Verified { publisher, message, sig }, claim.map(|claim| KeyedClaim { key, claim })))
+    }
+}
+
+/// An A2A signature to verify, with the publisher's key.
+struct KeyedClaim {
+    key: ed25519_dalek::VerifyingKey,
+    claim: Claim,
+}
+
+impl KeyedClaim {
+    fn signature(&self) -> Option<ed25519_dalek::Signature> {
+        ed25519_dalek::Signature::from_slice(&self.claim.signature).ok()
+    }
+
+    fn verify(&self) -> bool {
+        use ed25519_dalek::Verifier as _;
+        self.signature().is_some_and(|sig| self.key.verify(&self.claim.input, &sig).is_ok())
+    }
+}
+
+/// Decodes checked messages, verifying the A2A signatures their cards carry in one batch (and, only
+/// if the batch fails, one by one). The same results as [`Checked::decode`] on each, in order.
+pub fn decode_all(checked: Vec<Checked>) -> Vec<Result<Verified, WireError>> {
+    let mut decoded: Vec<Result<(Verified, Option<KeyedClaim>), WireError>> =
+        checked.into_iter().map(Checked::decode_deferred).collect();
+    let claims: Vec<&KeyedClaim> = decoded.iter().filter_map(|d| d.as_ref().ok()?.1.as_ref()).collect();
+    let sigs: Option<Vec<ed25519_dalek::Signature>> = claims.iter().map(|c| c.signature()).collect();
+    let passed = claims.len() >= 2
+        && sigs.is_some_and(|sigs| {
+            let messages: Vec<&[u8]> = claims.iter().map(|c| c.claim.input.as_slice()).collect();
+            let keys: Vec<ed25519_dalek::VerifyingKey> = claims.iter().map(|c| c.key).collect();
+            ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
+        });
+    decoded
+        .drain(..)
+        .map(|d| {
+            let (verified, claim) = d?;
+            match claim {
+                Some(claim) if !passed && !claim.verify() => {
+                    Err(WireError::BadA2aSignature(SignatureError::Invalid))
+                }
+                _ => Ok(verified),
+            }
+        })
+        .collect()
+}
+
+/// Decodes a body; a card comes with the A2A signature it claims, still to be verified.
+fn decode_body(kind: Kind, publisher: PeerId, body: &[u8]) -> Result<(Message, Option<Claim>), WireError> {
     let bad = |e: ciborium::de::Error<std::io::Error>| WireError::BadBody(e.to_string());
     let message = match kind {
         Kind::Card => {
@@ -340,9 +501,10 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
             if card.to_json() != body.card.as_bytes() {
                 return Err(WireError::BadCard("card JSON is not in canonical form".into()));
             }
-            // Every node serves the publisher's A2A signature: it must be the publisher's.
-            card.verify_a2a(&publisher)?;
-            Message::Card { body, card: Box::new(card) }
+            // Every node serves the publisher's A2A signature: it must be the publisher's (checked by
+            // the caller, alone or in a batch).
+            let claim = card.a2a_claim(&publisher)?;
+            return Ok((Message::Card { body, card: Box::new(card) }, claim));
         }
         Kind::Heartbeat => {
             let body: HeartbeatBody = ciborium::from_reader(body).map_err(bad)?;
@@ -368,8 +530,15 @@ pub fn open(bytes: &[u8]) -> Result<Verified, WireError> {
             }
             Message::ListChunk(body)
         }
+        Kind::Down => {
+            let body: DownBody = ciborium::from_reader(body).map_err(bad)?;
+            if PeerId::from_bytes(&body.target).is_err() {
+                return Err(WireError::BadBody("down: target is not a PeerId".into()));
+            }
+            Message::Down(body)
+        }
     };
-    Ok(Verified { publisher, message, sig: env.sig.into_vec() })
+    Ok((message, None))
 }
 
 #[cfg(test)]
@@ -386,6 +555,32 @@ mod tests {
     /// One key for every card body of these tests, so the A2A signature matches the envelope's key.
     fn test_key() -> Keypair {
         Keypair::ed25519_from_bytes([7u8; 32]).unwrap()
+    }
+
+    #[test]
+    fn batch_verification_agrees_with_one_by_one() {
+        let key = test_key();
+        let other = Keypair::ed25519_from_bytes([9u8; 32]).unwrap();
+        let mut messages: Vec<Vec<u8>> =
+            (0..40).map(|i| seal_card(&key, &card_body(&format!("a{i}"), i))).collect();
+        messages.push(seal_heartbeat(&other, &HeartbeatBody { sent_at: 1, digest: 0, agents: None }));
+        let all_good = verify_all(messages.iter().map(|m| parse(m).unwrap()).collect());
+        assert!(all_good.iter().all(Result::is_ok));
+        let decoded = all_good.into_iter().next().unwrap().unwrap().decode().unwrap();
+        assert!(matches!(decoded.message, Message::Card { ref body, .. } if body.agent_id == "a0"));
+
+        // One forged signature among them: it alone fails, in its place.
+        let mut forged = parse(&messages[7]).unwrap();
+        forged.sig[0] ^= 1;
+        let mut sealed: Vec<Sealed> = messages.iter().map(|m| parse(m).unwrap()).collect();
+        sealed[7] = forged;
+        // A signature of the wrong length, too.
+        sealed[20].sig.truncate(10);
+        let results = verify_all(sealed);
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.is_err(), i == 7 || i == 20, "message {i}");
+        }
+        assert!(matches!(results[7], Err(WireError::BadSignature)));
     }
 
     #[test]

@@ -204,6 +204,24 @@ pub fn sign(key: &Keypair, view: &Value) -> JwsSignature {
 /// Checks that `sig` is `publisher`'s EdDSA signature over `view`. The key comes from the PeerId the
 /// mesh envelope was verified against, never from the header.
 pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<(), SignatureError> {
+    let claim = claim(publisher, view, sig)?;
+    let key = crate::identity::public_key(publisher).ok_or(SignatureError::Publisher)?;
+    if key.verify(&claim.input, &claim.signature) {
+        Ok(())
+    } else {
+        Err(SignatureError::Invalid)
+    }
+}
+
+/// What a JWS claims to sign, checked in everything but the signature itself (so that many can be
+/// verified in one batch): the header names EdDSA and `publisher`, and the signature decodes.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub input: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+pub fn claim(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<Claim, SignatureError> {
     let header = sig.header()?;
     if header.get("alg").and_then(Value::as_str) != Some(JWS_ALG) {
         return Err(SignatureError::Algorithm);
@@ -211,13 +229,8 @@ pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<()
     if header.get("kid").and_then(Value::as_str) != Some(publisher.to_base58().as_str()) {
         return Err(SignatureError::KeyId);
     }
-    let key = crate::identity::public_key(publisher).ok_or(SignatureError::Publisher)?;
-    let raw = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
-    if key.verify(signing_input(&sig.protected, view).as_bytes(), &raw) {
-        Ok(())
-    } else {
-        Err(SignatureError::Invalid)
-    }
+    let signature = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
+    Ok(Claim { input: signing_input(&sig.protected, view).into_bytes(), signature })
 }
 
 /// What the `signatures` of an A2A card as received cover: the card without them, with empty values

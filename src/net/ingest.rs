@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::Counters;
 use crate::clock::now_millis;
+use crate::proto::reconcile::{record_id, RecordId};
 use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
 
@@ -19,9 +20,12 @@ pub enum Inbound {
     /// A gossip message awaiting its verdict.
     Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
     /// Signed messages from a sync response (any publisher's cards, or a heartbeat or the chunks that
-    /// carry an agent list); `more`: the answer was cut, ask again once these are applied.
-    Signed { from: PeerId, messages: Vec<ByteBuf>, more: bool },
+    /// carry an agent list).
+    Signed { from: PeerId, messages: Vec<ByteBuf> },
 }
+
+/// Sync answers at least this long are opened on every core (below it, starting threads costs more).
+const OPEN_IN_PARALLEL_FROM: usize = 32;
 
 /// What the worker asks of the event loop.
 pub enum Verdict {
@@ -30,21 +34,21 @@ pub enum Verdict {
         source: PeerId,
         acceptance: MessageAcceptance,
     },
-    /// A heartbeat named cards this node lacks: pull them.
-    Pull {
+    /// A heartbeat named cards this node lacks: fetch them (by record id).
+    Fetch {
         from: PeerId,
         publisher: PeerId,
-        agent_ids: Vec<String>,
+        ids: Vec<RecordId>,
     },
     /// A heartbeat carried the digest of an agent list this node does not hold: fetch the list.
     FetchList {
         from: PeerId,
         publisher: PeerId,
     },
-    /// A cut sync answer from this peer is applied: ask for the rest.
-    SyncAgain {
-        peer: PeerId,
-    },
+    /// These fetched records were applied (or refused): their fetches are over.
+    Settled(Vec<RecordId>),
+    /// This node was declared down by someone: send a heartbeat now.
+    Refute,
     /// A sync response from this peer held messages that were refused (gossip is judged by its verdicts).
     Misbehaved {
         peer: PeerId,
@@ -97,19 +101,16 @@ pub async fn run(
                     return;
                 }
             }
-            Inbound::Signed { from, messages, more } => {
+            Inbound::Signed { from, messages } => {
                 apply_signed(&registry, messages, from, &policy, &counters, &verdicts).await;
-                if more && verdicts.send(Verdict::SyncAgain { peer: from }).await.is_err() {
-                    return;
-                }
             }
         }
     }
 }
 
-/// Applies a sync response: the cards in one batch (one view update for thousands of cards), the
-/// chunks of a long agent list together once all are there, anything else one by one. Each message is
-/// opened once.
+/// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
+/// view update and one store batch for hundreds of cards), the chunks of a long agent list together
+/// once all are there, anything else one by one. Each message is read once.
 async fn apply_signed(
     registry: &Registry,
     messages: Vec<ByteBuf>,
@@ -118,13 +119,35 @@ async fn apply_signed(
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) {
-    let mut cards = Vec::with_capacity(messages.len());
-    let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
+    let started = std::time::Instant::now();
+    let count = messages.len();
     let mut rejected = 0u32;
+    let mut parsed = Vec::with_capacity(messages.len());
+    let mut raw = Vec::with_capacity(messages.len());
     for message in messages {
-        let Ok(verified) = open(&message, from, policy, counters) else {
-            rejected += 1;
-            continue;
+        match wire::parse(&message) {
+            Ok(sealed) => {
+                parsed.push(sealed);
+                raw.push(message);
+            }
+            Err(error) => {
+                fail(error, from, counters);
+                rejected += 1;
+            }
+        }
+    }
+    let mut cards = Vec::with_capacity(parsed.len());
+    let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
+    let opened = open_all(parsed, policy);
+    let opened_at = started.elapsed();
+    for (opened, message) in opened.into_iter().zip(raw) {
+        let verified = match opened {
+            Ok(verified) => verified,
+            Err(refusal) => {
+                refusal.count(from, counters);
+                rejected += 1;
+                continue;
+            }
         };
         match verified {
             wire::Verified { publisher, message: Message::Card { body, card }, sig }
@@ -146,7 +169,18 @@ async fn apply_signed(
     }
     if !cards.is_empty() {
         let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
+        let settled: Vec<RecordId> = keys
+            .iter()
+            .zip(&updates)
+            .filter_map(|((agent_id, publisher), update)| match update {
+                Update::Upsert { seq, .. } => Some(record_id(publisher, agent_id, *seq)),
+                _ => None,
+            })
+            .collect();
         let results = registry.apply_many(updates, now_millis()).await;
+        // Applied or not, these are no longer being fetched: what is still missing (a card a tombstone
+        // hid until the publisher came back, say) may be asked for again at once.
+        let _ = verdicts.try_send(Verdict::Settled(settled));
         for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
             let acceptance = tally(counters, publisher, card_applied(&agent_id, publisher, result));
             rejected += u32::from(acceptance == MessageAcceptance::Reject);
@@ -156,6 +190,14 @@ async fn apply_signed(
         let acceptance = apply_list(registry, publisher, chunks, from, counters, verdicts);
         rejected += u32::from(acceptance == MessageAcceptance::Reject);
     }
+    tracing::debug!(
+        %from,
+        messages = count,
+        rejected,
+        open_us = opened_at.as_micros() as u64,
+        apply_us = (started.elapsed() - opened_at).as_micros() as u64,
+        "sync answer applied"
+    );
     if rejected > 0 {
         let _ = verdicts.try_send(Verdict::Misbehaved { peer: from, rejected });
     }
@@ -187,9 +229,7 @@ fn apply_list(
     }
     let signed = signed.into_iter().map(|m| Arc::<[u8]>::from(m.into_vec())).collect();
     let outcome = registry.remote_list(publisher, digest, agents, signed, now_millis());
-    if !outcome.missing.is_empty() {
-        let _ = verdicts.try_send(Verdict::Pull { from, publisher, agent_ids: outcome.missing });
-    }
+    fetch_missing(verdicts, from, publisher, &outcome.missing);
     tally(counters, publisher, Ok(changed(outcome.list_installed)))
 }
 
@@ -207,6 +247,109 @@ fn reject(counters: &Counters, reason: &'static str) -> MessageAcceptance {
     refuse(counters, reason, true)
 }
 
+/// Why a message of a sync answer was refused before it was applied.
+enum Refusal {
+    Wire(WireError),
+    NotAllowed(PeerId),
+}
+
+impl Refusal {
+    fn count(self, from: PeerId, counters: &Counters) -> MessageAcceptance {
+        match self {
+            Refusal::Wire(error) => fail(error, from, counters),
+            Refusal::NotAllowed(publisher) => {
+                tracing::debug!(%from, %publisher, "rejected message of a publisher outside the allow-list");
+                reject(counters, "publisher_not_allowed")
+            }
+        }
+    }
+}
+
+/// Verifies, checks against the policy and decodes messages, on every core: each core takes a share,
+/// checks its signatures in one batch, then decodes the bodies of those that passed (decoding a card
+/// costs more than its signature). Order is kept.
+fn open_all(parsed: Vec<wire::Sealed>, policy: &Policy) -> Vec<Result<wire::Verified, Refusal>> {
+    let open_share = |share: Vec<wire::Sealed>| -> Vec<Result<wire::Verified, Refusal>> {
+        // Refused messages keep their place; the rest are decoded together.
+        let mut out: Vec<Option<Result<wire::Verified, Refusal>>> = Vec::with_capacity(share.len());
+        let mut admitted = Vec::with_capacity(share.len());
+        for checked in wire::verify_all(share) {
+            match checked {
+                Ok(c) if policy.admits(&c.publisher()) => {
+                    admitted.push(c);
+                    out.push(None);
+                }
+                Ok(c) => out.push(Some(Err(Refusal::NotAllowed(c.publisher())))),
+                Err(error) => out.push(Some(Err(Refusal::Wire(error)))),
+            }
+        }
+        let mut decoded = wire::decode_all(admitted).into_iter();
+        out.into_iter()
+            .map(|slot| {
+                slot.unwrap_or_else(|| {
+                    decoded.next().map_or_else(
+                        || Err(Refusal::Wire(WireError::Malformed("lost in decoding".into()))),
+                        |d| d.map_err(Refusal::Wire),
+                    )
+                })
+            })
+            .collect()
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 || parsed.len() < OPEN_IN_PARALLEL_FROM {
+        return open_share(parsed);
+    }
+    let per_share = parsed.len().div_ceil(cores);
+    let mut shares = Vec::with_capacity(cores);
+    let mut rest = parsed;
+    while rest.len() > per_share {
+        let tail = rest.split_off(per_share);
+        shares.push(rest);
+        rest = tail;
+    }
+    shares.push(rest);
+    std::thread::scope(|scope| {
+        let mut shares = shares.into_iter();
+        let first = shares.next().unwrap_or_default();
+        let others: Vec<_> =
+            shares.map(|share| (share.len(), scope.spawn(move || open_share(share)))).collect();
+        let mut opened = open_share(first);
+        for (len, other) in others {
+            // A share's thread panics only if decoding panics, which the fuzz targets rule out; were it
+            // to, its messages count as malformed rather than bringing the worker down.
+            match other.join() {
+                Ok(share) => opened.extend(share),
+                Err(_) => opened.extend(
+                    (0..len).map(|_| Err(Refusal::Wire(WireError::Malformed("decoder panicked".into())))),
+                ),
+            }
+        }
+        opened
+    })
+}
+
+/// Asks the loop to fetch the cards a heartbeat or list named at seqs this node lacks.
+fn fetch_missing(
+    verdicts: &mpsc::Sender<Verdict>,
+    from: PeerId,
+    publisher: PeerId,
+    missing: &[(String, u64)],
+) {
+    if !missing.is_empty() {
+        let ids = missing.iter().map(|(agent_id, seq)| record_id(&publisher, agent_id, *seq)).collect();
+        let _ = verdicts.try_send(Verdict::Fetch { from, publisher, ids });
+    }
+}
+
+/// Counts a message that failed verification by reason; it is answered `Reject`.
+fn fail(error: WireError, from: PeerId, counters: &Counters) -> MessageAcceptance {
+    if matches!(error, WireError::BadSignature | WireError::BadA2aSignature(_)) {
+        counters.update(|c| c.signature_failures += 1);
+    }
+    tracing::debug!(%from, %error, "rejected message");
+    reject(counters, error.reason())
+}
+
 /// Opens (verifies, then decodes) a message and checks its publisher against the policy; a failure is
 /// counted by reason and answered `Reject`.
 fn open(
@@ -215,18 +358,24 @@ fn open(
     policy: &Policy,
     counters: &Counters,
 ) -> Result<wire::Verified, MessageAcceptance> {
-    let verified = wire::open(data).map_err(|error| {
-        if matches!(error, WireError::BadSignature | WireError::BadA2aSignature(_)) {
-            counters.update(|c| c.signature_failures += 1);
-        }
-        tracing::debug!(%from, %error, "rejected message");
-        reject(counters, error.reason())
-    })?;
-    if !policy.admits(&verified.publisher) {
-        tracing::debug!(%from, publisher = %verified.publisher, "rejected message of a publisher outside the allow-list");
+    let checked = wire::parse(data).and_then(wire::Sealed::verify);
+    decode(checked, from, policy, counters)
+}
+
+/// Decodes a message whose signature verified, if its publisher is admitted.
+fn decode(
+    checked: Result<wire::Checked, WireError>,
+    from: PeerId,
+    policy: &Policy,
+    counters: &Counters,
+) -> Result<wire::Verified, MessageAcceptance> {
+    let checked = checked.map_err(|error| fail(error, from, counters))?;
+    if !policy.admits(&checked.publisher()) {
+        let publisher = checked.publisher();
+        tracing::debug!(%from, %publisher, "rejected message of a publisher outside the allow-list");
         return Err(reject(counters, "publisher_not_allowed"));
     }
-    Ok(verified)
+    checked.decode().map_err(|error| fail(error, from, counters))
 }
 
 /// The update a verified card makes, with the record it names.
@@ -335,9 +484,7 @@ async fn apply_verified(
         },
         Message::Heartbeat(body) => {
             let outcome = registry.remote_heartbeat(publisher, &body, data, now);
-            if !outcome.missing.is_empty() {
-                let _ = verdicts.try_send(Verdict::Pull { from, publisher, agent_ids: outcome.missing });
-            }
+            fetch_missing(verdicts, from, publisher, &outcome.missing);
             if outcome.unknown_list {
                 let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
             }
@@ -346,6 +493,15 @@ async fn apply_verified(
         }
         // Chunks answer list fetches; gossiped, they are nobody's news.
         Message::ListChunk(_) => Ok(Fate::Unchanged),
+        Message::Down(down) => match PeerId::from_bytes(&down.target) {
+            // Someone believes this node is down: a fresh heartbeat tells everyone otherwise.
+            Ok(target) if target == policy.me => {
+                let _ = verdicts.try_send(Verdict::Refute);
+                Ok(Fate::Unchanged)
+            }
+            Ok(target) => Ok(changed(registry.remote_down(target, down.last_seen))),
+            Err(_) => Ok(Fate::Unchanged),
+        },
     };
     tally(counters, publisher, outcome)
 }
@@ -567,7 +723,7 @@ mod tests {
         // The whole list: installed, the held agent refreshed, the others pulled.
         apply_signed(&h.registry, messages(&chunks), relay, &h.policy, &h.counters, &h.verdicts).await;
         match rx.try_recv() {
-            Ok(Verdict::Pull { agent_ids, .. }) => assert_eq!(agent_ids.len(), wire::LIST_CHUNK_AGENTS),
+            Ok(Verdict::Fetch { ids, .. }) => assert_eq!(ids.len(), wire::LIST_CHUNK_AGENTS),
             _ => panic!("the missing agents are pulled"),
         }
         assert_eq!(h.registry.signed_list(&p).map(|l| l.len()), Some(2), "served on to others");

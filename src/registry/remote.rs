@@ -88,6 +88,9 @@ struct PublisherState {
     left: Option<u64>,
     /// Last time anything of this publisher arrived, for eviction order.
     touched: Millis,
+    /// Declared down (failure detection), with the declaration's `last_seen`: heartbeats sent up to
+    /// then are old news; a later one shows it alive and clears this.
+    down: Option<u64>,
 }
 
 /// Per-publisher mesh state, bounded in publishers and in list entries.
@@ -279,8 +282,8 @@ impl RemoteState {
 pub struct HeartbeatOutcome {
     /// Agents it refreshed.
     pub refreshed: usize,
-    /// Agents it names at a seq this node lacks: pull their cards from the sender.
-    pub missing: Vec<String>,
+    /// Agents it names at a seq this node lacks, with that seq: fetch their cards from the sender.
+    pub missing: Vec<(String, u64)>,
     /// An older or repeated heartbeat: ignored.
     pub replayed: bool,
     /// A digest-only heartbeat whose list this node does not hold: fetch it from the sender.
@@ -341,17 +344,21 @@ impl Registry {
         let (heard, list) = {
             let mut publishers = lock(&self.remote.publishers);
             let known = publishers.map.get(&publisher);
-            let newer = sent_at.is_some_and(|at| known.is_none_or(|s| at > s.heard.sent_at));
+            let newer = sent_at.is_some_and(|at| {
+                known.is_none_or(|s| at > s.heard.sent_at && s.down.is_none_or(|last_seen| at > last_seen))
+            });
             // Only a newer heartbeat makes an entry: a replay, or a list nobody asked for, of a
             // publisher not tracked here leaves nothing behind.
             let state = if newer {
                 let state = publishers.map.entry(publisher).or_default();
                 state.heard = Heard { sent_at: sent_at.unwrap_or_default(), digest, at: now };
+                state.down = None;
                 state
             } else {
                 let wanted = carried.is_some()
                     && known.is_some_and(|s| {
                         s.heard.at > 0
+                            && s.down.is_none()
                             && digest == s.heard.digest
                             && s.list.as_ref().is_none_or(|l| l.digest != digest)
                     });
@@ -404,13 +411,70 @@ impl Registry {
                     changed |= entry.beat_changes_health(heard.at, agent.reported, &self.thresholds);
                     outcome.refreshed += 1;
                 }
-                _ => outcome.missing.push(agent.agent_id.clone()),
+                _ => outcome.missing.push((agent.agent_id.clone(), agent.seq)),
             }
         }
         if changed {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
         }
         outcome
+    }
+
+    /// Applies a declaration that `publisher` is down, made by a node whose newest heartbeat of it was
+    /// sent at `last_seen`: its agents held here turn offline (derived health `inactive`) until a
+    /// heartbeat sent after `last_seen` arrives. Ignored when this node heard a newer heartbeat, or the
+    /// publisher is unknown here; true when it changed something.
+    pub fn remote_down(&self, publisher: PeerId, last_seen: u64) -> bool {
+        if publisher == self.me {
+            return false;
+        }
+        {
+            let mut publishers = lock(&self.remote.publishers);
+            let Some(state) = publishers.map.get_mut(&publisher) else { return false };
+            if state.heard.sent_at > last_seen || state.down.is_some_and(|d| d >= last_seen) {
+                return false;
+            }
+            state.down = Some(last_seen);
+        }
+        let snapshot = self.snapshot();
+        let mut marked = 0;
+        for entry in snapshot.entries.iter().filter(|e| e.key.publisher == publisher) {
+            entry.down();
+            marked += 1;
+        }
+        self.health_epoch.fetch_add(1, Ordering::AcqRel);
+        tracing::info!(%publisher, agents = marked, "publisher declared down");
+        true
+    }
+
+    /// The `sent_at` of the newest heartbeat heard of `publisher`, if any.
+    pub fn heard_sent_at(&self, publisher: &PeerId) -> Option<u64> {
+        let publishers = lock(&self.remote.publishers);
+        publishers.map.get(publisher).map(|s| s.heard.sent_at).filter(|&at| at > 0)
+    }
+
+    /// The current agent list of each remote publisher of these updates, with when its newest heartbeat
+    /// was heard.
+    pub(super) fn remote_lists(
+        &self,
+        updates: &[super::Update],
+    ) -> HashMap<PeerId, (Millis, Arc<Vec<HeartbeatAgent>>)> {
+        let publishers = lock(&self.remote.publishers);
+        let mut lists = HashMap::new();
+        for update in updates {
+            if let super::Update::Upsert { publisher, origin: Origin::Remote, .. } = update {
+                if lists.contains_key(publisher) {
+                    continue;
+                }
+                let Some(state) = publishers.map.get(publisher) else { continue };
+                if let Some(list) =
+                    state.list.as_ref().filter(|l| l.digest == state.heard.digest && state.heard.at > 0)
+                {
+                    lists.insert(*publisher, (state.heard.at, list.agents.clone()));
+                }
+            }
+        }
+        lists
     }
 
     /// The signed messages that carried `publisher`'s current agent list, for a node that missed it.
@@ -558,45 +622,9 @@ impl Registry {
         Ok(gone.len())
     }
 
-    /// `(publisher, agent_id, seq)` of every record held: what anti-entropy compares.
-    pub fn digest(&self) -> Vec<(PeerId, String, u64)> {
-        self.snapshot().entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq)).collect()
-    }
-
-    /// An order-independent fingerprint of every `(publisher, agent_id, seq)` held, and the count: two
-    /// nodes with the same view have the same fingerprint.
-    pub fn fingerprint(&self) -> (u64, u64) {
-        use sha2::Digest as _;
-        let snapshot = self.snapshot();
-        let mut sum = 0u64;
-        for e in &snapshot.entries {
-            let mut h = sha2::Sha256::new();
-            h.update(e.key.publisher.to_bytes());
-            h.update([0]);
-            h.update(e.key.agent_id.as_bytes());
-            h.update(e.seq.to_be_bytes());
-            let digest = h.finalize();
-            sum = sum.wrapping_add(u64::from_be_bytes(digest[..8].try_into().unwrap_or_default()));
-        }
-        (sum, snapshot.entries.len() as u64)
-    }
-
     /// The signed card message of a record, exactly as its publisher made it.
     pub fn signed_card(&self, key: &RecordKey) -> Option<Vec<u8>> {
         self.snapshot().get(&key.agent_id, &key.publisher).map(|e| e.signed_message())
-    }
-
-    /// Signed messages for the records held that `theirs` lacks or holds at an older seq, at most
-    /// `at_most` of them (only those are re-sealed).
-    pub fn newer_than(&self, theirs: &HashMap<(PeerId, String), u64>, at_most: usize) -> Vec<Vec<u8>> {
-        let snapshot = self.snapshot();
-        snapshot
-            .entries
-            .iter()
-            .filter(|e| theirs.get(&(e.key.publisher, e.key.agent_id.clone())).is_none_or(|&seq| seq < e.seq))
-            .take(at_most)
-            .map(|e| e.signed_message())
-            .collect()
     }
 
     /// Number of records per derived health, for status.
@@ -718,7 +746,7 @@ mod tests {
             HeartbeatBody { sent_at, digest: wire::agents_digest(&agents), agents: Some(agents) }
         };
         let out = r.remote_heartbeat(p, &hb(100, 5), b"m100", 1_000);
-        assert_eq!((out.refreshed, out.missing.clone(), out.replayed), (1, vec!["b".to_owned()], false));
+        assert_eq!((out.refreshed, out.missing.clone(), out.replayed), (1, vec![("b".to_owned(), 1)], false));
         assert_eq!(entry().health(1_000, &t), Health::Active);
         assert!(r.remote_heartbeat(p, &hb(100, 5), b"m100", 2_000).replayed, "same sent_at");
         assert!(r.remote_heartbeat(p, &hb(99, 5), b"m99", 2_000).replayed, "older sent_at");
@@ -738,7 +766,36 @@ mod tests {
         assert_eq!(entry().health(9_000, &t), Health::Active);
         assert_eq!(r.signed_list(&p), None);
         let out = r.remote_heartbeat(p, &hb(103, 6), b"m103", 10_000);
-        assert_eq!(out.missing, ["a", "b"], "a newer seq than held is pulled");
+        assert_eq!(
+            out.missing,
+            [("a".to_owned(), 6), ("b".to_owned(), 1)],
+            "a newer seq than held is fetched"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declared_down_publisher_is_inactive_until_a_later_heartbeat() {
+        let (_dir, r, _key, p) = holding_remote_a_at_5().await;
+        let t = r.thresholds();
+        let entry = || r.snapshot().get("a", &p).unwrap().clone();
+        let hb = |sent_at| {
+            let agents = vec![HeartbeatAgent { agent_id: "a".into(), seq: 5, reported: Reported::Ready }];
+            HeartbeatBody { sent_at, digest: wire::agents_digest(&agents), agents: Some(agents) }
+        };
+        assert!(!r.remote_down(p, 100), "unknown publisher: nothing to mark");
+        r.remote_heartbeat(p, &hb(100), b"m100", 1_000);
+        assert_eq!(entry().health(1_000, t), Health::Active);
+        assert!(!r.remote_down(p, 99), "this node heard a newer heartbeat than the declarer");
+        assert!(r.remote_down(p, 100));
+        assert_eq!(entry().health(1_001, t), Health::Inactive);
+        assert!(!r.remote_down(p, 100), "once");
+        // A heartbeat sent before the declaration's last one is old news, even arriving late.
+        r.remote_heartbeat(p, &hb(100), b"m100", 1_100);
+        assert_eq!(entry().health(1_100, t), Health::Inactive);
+        // A later one refutes it.
+        let out = r.remote_heartbeat(p, &hb(101), b"m101", 1_200);
+        assert!(!out.replayed);
+        assert_eq!(entry().health(1_200, t), Health::Active);
     }
 
     #[tokio::test]
@@ -881,20 +938,6 @@ mod tests {
         assert!(state.tombstones() <= MAX_TOMBSTONES);
         assert!(!state.outranks_tombstone(&key(MAX_TOMBSTONES + 9), 1), "the newest is kept");
         assert!(state.outranks_tombstone(&key(0), 1), "the oldest went");
-    }
-
-    #[tokio::test]
-    async fn equal_views_have_equal_fingerprints() {
-        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (r1, r2) = (registry(d1.path()), registry(d2.path()));
-        let peer = Keypair::generate_ed25519();
-        assert_eq!(r1.fingerprint(), r2.fingerprint());
-        r1.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
-        assert_ne!(r1.fingerprint(), r2.fingerprint());
-        r2.apply(signed(&peer, &card("a", "1"), 5), 0).await.unwrap();
-        assert_eq!(r1.fingerprint(), r2.fingerprint());
-        r2.apply(signed(&peer, &card("a", "2"), 6), 0).await.unwrap();
-        assert_ne!(r1.fingerprint(), r2.fingerprint(), "a newer seq differs");
     }
 
     #[tokio::test]

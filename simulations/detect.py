@@ -14,55 +14,15 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
+
+from daemon import Daemon
 
 
-class Daemon:
-    def __init__(self, binary, data_dir, extra):
-        args = [binary, "run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
-                "--log-format", "json", "--data-dir", data_dir] + extra
-        env = dict(os.environ, RUST_LOG="warn,agentmesh::node=info")
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise SystemExit(f"daemon exited: {self.proc.wait()}")
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("message") == "node started":
-                self.http = "http://" + event["http_addr"]
-                self.peer_id = event["peer_id"]
-                break
-        else:
-            raise SystemExit("daemon did not start")
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
-
-    def get(self, path):
-        with urllib.request.urlopen(self.http + path, timeout=10) as r:
-            return json.load(r)
-
-    def register(self, agent_id):
-        card = {"agent_id": agent_id, "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]}
-        req = urllib.request.Request(self.http + "/api/v1/agents", data=json.dumps(card).encode(),
-                                     headers={"content-type": "application/json"}, method="POST")
-        urllib.request.urlopen(req, timeout=10).read()
-
-    def health(self, agent_id):
-        try:
-            return self.get(f"/api/v1/agents/{agent_id}")["health_status"]
-        except Exception:
-            return None
-
-    def addr(self):
-        return self.get("/api/v1/mesh/status")["listen_addrs"][0] + "/p2p/" + self.peer_id
+def card(agent_id):
+    return {"agent_id": agent_id, "base_url": "http://127.0.0.1:9", "skills": [{"id": "s"}]}
 
 
 def main():
@@ -74,18 +34,19 @@ def main():
     work = tempfile.mkdtemp(prefix="agentmesh-detect-")
     seed = Daemon(opts.bin, os.path.join(work, "seed"), [])
     nodes = [seed]
-    seed.register("agent-seed")
+    seed.register(card("agent-seed"))
     rounds, false_alarms = [], 0
     try:
         for i in range(1, opts.nodes):
             n = Daemon(opts.bin, os.path.join(work, f"n{i}"), ["--bootstrap", seed.addr()])
-            n.register(f"agent-{i}")
+            n.register(card(f"agent-{i}"))
             nodes.append(n)
         names = {n.peer_id: ("agent-seed" if n is seed else f"agent-{nodes.index(n)}") for n in nodes}
         for r in range(opts.rounds):
             deadline = time.time() + 60
-            while time.time() < deadline and not all(
-                    o.health(names[n.peer_id]) == "active" for o in nodes for n in nodes):
+            while not all(o.health(names[n.peer_id]) == "active" for o in nodes for n in nodes):
+                if time.time() > deadline:
+                    raise SystemExit(f"round {r}: the mesh did not converge within 60 s")
                 time.sleep(0.05)
             victim = nodes[-1]
             others = nodes[:-1]
@@ -109,7 +70,7 @@ def main():
             # The victim comes back, with a new data dir, for the next round.
             nodes[-1] = Daemon(opts.bin, os.path.join(work, f"back{r}"), ["--bootstrap", seed.addr()])
             names[nodes[-1].peer_id] = f"agent-back{r}"
-            nodes[-1].register(f"agent-back{r}")
+            nodes[-1].register(card(f"agent-back{r}"))
         result = {"nodes": opts.nodes, "rounds": rounds, "false_alarms": false_alarms}
         print(json.dumps(result, indent=2))
         ok = false_alarms == 0 and all(x["nodes_seeing"] == opts.nodes - 1 for x in rounds)

@@ -18,62 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 
-
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Daemon:
-    def __init__(self, binary, data_dir, extra):
-        args = [binary, "run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
-                "--log-format", "json", "--data-dir", data_dir] + extra
-        env = dict(os.environ, RUST_LOG="warn,agentmesh::node=info")
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise SystemExit(f"daemon exited: {self.proc.wait()}")
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("message") == "node started":
-                self.http = "http://" + event["http_addr"]
-                self.peer_id = event["peer_id"]
-                break
-        else:
-            raise SystemExit("daemon did not start")
-        # Keep draining stderr so the daemon never blocks on a full pipe.
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
-
-    def status(self):
-        with urllib.request.urlopen(self.http + "/api/v1/mesh/status", timeout=10) as r:
-            return json.load(r)
-
-    def addr(self):
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            addrs = self.status()["listen_addrs"]
-            if addrs:
-                return f"{addrs[0]}/p2p/{self.peer_id}"
-            time.sleep(0.05)
-        raise SystemExit("no listen address")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+from daemon import Daemon, rss_mb
 
 
 def main():

@@ -379,10 +379,6 @@ impl Sealed {
         self.publisher
     }
 
-    pub fn kind(&self) -> Kind {
-        self.kind
-    }
-
     fn signature(&self) -> Option<ed25519_dalek::Signature> {
         ed25519_dalek::Signature::from_slice(&self.sig).ok()
     }
@@ -406,17 +402,28 @@ pub fn verify_all(sealed: Vec<Sealed>) -> Vec<Result<Checked, WireError>> {
         return sealed.into_iter().map(Sealed::verify).collect();
     }
     let inputs: Vec<Vec<u8>> = sealed.iter().map(|s| signing_input(s.kind, &s.body)).collect();
-    let sigs: Option<Vec<ed25519_dalek::Signature>> = sealed.iter().map(Sealed::signature).collect();
-    let passed = sigs.is_some_and(|sigs| {
-        let messages: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-        let keys: Vec<ed25519_dalek::VerifyingKey> = sealed.iter().map(|s| s.key).collect();
-        ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
-    });
+    let passed =
+        batch_verifies(sealed.iter().zip(&inputs).map(|(s, input)| (input.as_slice(), s.signature(), s.key)));
     if passed {
         sealed.into_iter().map(|s| Ok(Checked(s))).collect()
     } else {
         sealed.into_iter().map(Sealed::verify).collect()
     }
+}
+
+/// Whether every signature verifies, by one batch equation. False when any signature is malformed or
+/// there are fewer than two: the caller then checks one by one, which decides.
+fn batch_verifies<'a>(
+    items: impl Iterator<Item = (&'a [u8], Option<ed25519_dalek::Signature>, ed25519_dalek::VerifyingKey)>,
+) -> bool {
+    let (mut messages, mut sigs, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for (message, sig, key) in items {
+        let Some(sig) = sig else { return false };
+        messages.push(message);
+        sigs.push(sig);
+        keys.push(key);
+    }
+    messages.len() >= 2 && ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
 }
 
 impl Checked {
@@ -462,18 +469,12 @@ impl KeyedClaim {
 /// Decodes checked messages, verifying the A2A signatures their cards carry in one batch (and, only
 /// if the batch fails, one by one). The same results as [`Checked::decode`] on each, in order.
 pub fn decode_all(checked: Vec<Checked>) -> Vec<Result<Verified, WireError>> {
-    let mut decoded: Vec<Result<(Verified, Option<KeyedClaim>), WireError>> =
+    let decoded: Vec<Result<(Verified, Option<KeyedClaim>), WireError>> =
         checked.into_iter().map(Checked::decode_deferred).collect();
-    let claims: Vec<&KeyedClaim> = decoded.iter().filter_map(|d| d.as_ref().ok()?.1.as_ref()).collect();
-    let sigs: Option<Vec<ed25519_dalek::Signature>> = claims.iter().map(|c| c.signature()).collect();
-    let passed = claims.len() >= 2
-        && sigs.is_some_and(|sigs| {
-            let messages: Vec<&[u8]> = claims.iter().map(|c| c.claim.input.as_slice()).collect();
-            let keys: Vec<ed25519_dalek::VerifyingKey> = claims.iter().map(|c| c.key).collect();
-            ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
-        });
+    let claims = decoded.iter().filter_map(|d| d.as_ref().ok()?.1.as_ref());
+    let passed = batch_verifies(claims.map(|c| (c.claim.input.as_slice(), c.signature(), c.key)));
     decoded
-        .drain(..)
+        .into_iter()
         .map(|d| {
             let (verified, claim) = d?;
             match claim {

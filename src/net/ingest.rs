@@ -265,36 +265,40 @@ impl Refusal {
     }
 }
 
+/// Verifies a batch, checks it against the policy and decodes what passed (cards' A2A signatures in
+/// a batch too). Order is kept.
+fn open_batch(share: Vec<wire::Sealed>, policy: &Policy) -> Vec<Result<wire::Verified, Refusal>> {
+    // Refused messages keep their place; the rest are decoded together.
+    let mut out: Vec<Option<Result<wire::Verified, Refusal>>> = Vec::with_capacity(share.len());
+    let mut admitted = Vec::with_capacity(share.len());
+    for checked in wire::verify_all(share) {
+        match checked {
+            Ok(c) if policy.admits(&c.publisher()) => {
+                admitted.push(c);
+                out.push(None);
+            }
+            Ok(c) => out.push(Some(Err(Refusal::NotAllowed(c.publisher())))),
+            Err(error) => out.push(Some(Err(Refusal::Wire(error)))),
+        }
+    }
+    let mut decoded = wire::decode_all(admitted).into_iter();
+    out.into_iter()
+        .map(|slot| {
+            slot.unwrap_or_else(|| {
+                decoded.next().map_or_else(
+                    || Err(Refusal::Wire(WireError::Malformed("lost in decoding".into()))),
+                    |d| d.map_err(Refusal::Wire),
+                )
+            })
+        })
+        .collect()
+}
+
 /// Verifies, checks against the policy and decodes messages, on every core: each core takes a share,
 /// checks its signatures in one batch, then decodes the bodies of those that passed (decoding a card
 /// costs more than its signature). Order is kept.
 fn open_all(parsed: Vec<wire::Sealed>, policy: &Policy) -> Vec<Result<wire::Verified, Refusal>> {
-    let open_share = |share: Vec<wire::Sealed>| -> Vec<Result<wire::Verified, Refusal>> {
-        // Refused messages keep their place; the rest are decoded together.
-        let mut out: Vec<Option<Result<wire::Verified, Refusal>>> = Vec::with_capacity(share.len());
-        let mut admitted = Vec::with_capacity(share.len());
-        for checked in wire::verify_all(share) {
-            match checked {
-                Ok(c) if policy.admits(&c.publisher()) => {
-                    admitted.push(c);
-                    out.push(None);
-                }
-                Ok(c) => out.push(Some(Err(Refusal::NotAllowed(c.publisher())))),
-                Err(error) => out.push(Some(Err(Refusal::Wire(error)))),
-            }
-        }
-        let mut decoded = wire::decode_all(admitted).into_iter();
-        out.into_iter()
-            .map(|slot| {
-                slot.unwrap_or_else(|| {
-                    decoded.next().map_or_else(
-                        || Err(Refusal::Wire(WireError::Malformed("lost in decoding".into()))),
-                        |d| d.map_err(Refusal::Wire),
-                    )
-                })
-            })
-            .collect()
-    };
+    let open_share = |share| open_batch(share, policy);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores < 2 || parsed.len() < OPEN_IN_PARALLEL_FROM {
         return open_share(parsed);
@@ -358,24 +362,12 @@ fn open(
     policy: &Policy,
     counters: &Counters,
 ) -> Result<wire::Verified, MessageAcceptance> {
-    let checked = wire::parse(data).and_then(wire::Sealed::verify);
-    decode(checked, from, policy, counters)
-}
-
-/// Decodes a message whose signature verified, if its publisher is admitted.
-fn decode(
-    checked: Result<wire::Checked, WireError>,
-    from: PeerId,
-    policy: &Policy,
-    counters: &Counters,
-) -> Result<wire::Verified, MessageAcceptance> {
-    let checked = checked.map_err(|error| fail(error, from, counters))?;
-    if !policy.admits(&checked.publisher()) {
-        let publisher = checked.publisher();
-        tracing::debug!(%from, %publisher, "rejected message of a publisher outside the allow-list");
-        return Err(reject(counters, "publisher_not_allowed"));
+    let sealed = wire::parse(data).map_err(|error| fail(error, from, counters))?;
+    match open_batch(vec![sealed], policy).pop() {
+        Some(Ok(verified)) => Ok(verified),
+        Some(Err(refusal)) => Err(refusal.count(from, counters)),
+        None => Err(fail(WireError::Malformed("nothing decoded".into()), from, counters)),
     }
-    checked.decode().map_err(|error| fail(error, from, counters))
 }
 
 /// The update a verified card makes, with the record it names.

@@ -46,7 +46,6 @@ use crate::clock::now_millis;
 use crate::defaults::{FETCH_BATCH, MAX_SYNC_IN_FLIGHT};
 use crate::proto::membership::Reach;
 use crate::proto::reconcile::{Index, RecordId};
-use crate::registry::RecordKey;
 
 /// What a sync request in flight was for.
 pub(super) enum Asked {
@@ -175,15 +174,13 @@ impl EventLoop {
             }
             SyncRequest::Fetch(ids) => {
                 let index = self.index();
+                let snapshot = self.registry.snapshot();
                 let cards = ids
                     .iter()
                     .take(FETCH_BATCH)
                     .filter_map(|id| index.key(&RecordId::try_from(id.as_slice()).ok()?))
-                    .filter_map(|(publisher, agent_id)| {
-                        self.registry
-                            .signed_card(&RecordKey { agent_id: agent_id.clone(), publisher: *publisher })
-                    })
-                    .map(Into::into)
+                    .filter_map(|(publisher, agent_id)| snapshot.get(agent_id, publisher))
+                    .map(|entry| entry.signed_message().into())
                     .collect();
                 SyncResponse { cards, frame: None, reach: None }
             }

@@ -62,14 +62,6 @@ impl Fetches {
     pub fn expire(&mut self, now: Millis) {
         self.claimed.retain(|_, &mut at| at > now);
     }
-
-    pub fn len(&self) -> usize {
-        self.claimed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.claimed.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -118,7 +110,7 @@ mod tests {
         let mut f = Fetches::default();
         let n = MAX_PENDING_FETCHES as u32;
         assert_eq!(f.claim(ids(0..n + 10), 0).concat().len(), MAX_PENDING_FETCHES);
-        assert_eq!(f.len(), MAX_PENDING_FETCHES);
+        assert_eq!(f.claimed.len(), MAX_PENDING_FETCHES);
         assert!(f.claim(ids(n..n + 10), 1).is_empty(), "the rest waits for a later round");
     }
 }

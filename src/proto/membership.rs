@@ -181,10 +181,6 @@ impl Membership {
         }
         Vec::new()
     }
-
-    pub fn is_suspect(&self, peer: &PeerId) -> bool {
-        self.suspects.contains_key(peer)
-    }
 }
 
 #[cfg(test)]
@@ -227,7 +223,7 @@ mod tests {
         assert!(m.answer(x, Reach::Lost).is_empty(), "waits for every helper");
         assert!(m.answer(x, Reach::Unknown).is_empty());
         assert_eq!(m.answer(x, Reach::Unknown), vec![Action::Declare(x)]);
-        assert!(!m.is_suspect(&x));
+        assert!(!m.suspects.contains_key(&x));
     }
 
     #[test]
@@ -262,7 +258,7 @@ mod tests {
             assert!(m.answer(x, Reach::Unknown).is_empty());
         }
         assert!(m.tick(20_000 + SUSPECT_TIMEOUT.as_millis() as u64).is_empty());
-        assert!(!m.is_suspect(&x));
+        assert!(!m.suspects.contains_key(&x));
     }
 
     #[test]

@@ -1,0 +1,90 @@
+"""One agentmesh daemon as a child process on loopback, for the measurement scripts in this directory."""
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+import urllib.request
+
+START_DEADLINE = 120
+
+
+class Daemon:
+    def __init__(self, binary, data_dir, extra):
+        args = [binary, "run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
+                "--log-format", "json", "--data-dir", data_dir] + extra
+        env = dict(os.environ, RUST_LOG="warn,agentmesh::node=info")
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+        # A reader thread drains stderr for the daemon's whole life, so it never blocks on a full pipe,
+        # and the wait for "node started" has a deadline even if the daemon prints nothing.
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(l) for l in self.proc.stderr] + [lines.put(None)],
+                         daemon=True).start()
+        deadline = time.time() + START_DEADLINE
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                self.proc.kill()
+                raise SystemExit("daemon did not start")
+            if line is None:
+                raise SystemExit(f"daemon exited: {self.proc.wait()}")
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("message") == "node started":
+                self.http = "http://" + event["http_addr"]
+                self.peer_id = event["peer_id"]
+                break
+        self._lines = lines
+        threading.Thread(target=self._discard, daemon=True).start()
+
+    def _discard(self):
+        while self._lines.get() is not None:
+            pass
+
+    def get(self, path):
+        with urllib.request.urlopen(self.http + path, timeout=10) as r:
+            return json.load(r)
+
+    def status(self):
+        return self.get("/api/v1/mesh/status")
+
+    def register(self, card):
+        req = urllib.request.Request(self.http + "/api/v1/agents", data=json.dumps(card).encode(),
+                                     headers={"content-type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def health(self, agent_id):
+        """The agent's health on this node, or None if it does not hold it."""
+        try:
+            return self.get(f"/api/v1/agents/{agent_id}")["health_status"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def addr(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            addrs = self.status()["listen_addrs"]
+            if addrs:
+                return f"{addrs[0]}/p2p/{self.peer_id}"
+            time.sleep(0.05)
+        raise SystemExit("no listen address")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0

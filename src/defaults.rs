@@ -141,6 +141,10 @@ pub const MAX_TOMBSTONES: usize = 100_000;
 pub const MAX_LIST_FETCHES: usize = 256;
 /// Sync requests of this node awaiting an answer at most: a round beyond it waits for the next tick.
 pub const MAX_SYNC_IN_FLIGHT: usize = 64;
+/// Local cards announced again at the next heartbeat because their announcement found no gossip peer
+/// (or because the node started on a stored view). Past it, reconciliation delivers them: a bulk of
+/// cards is its job, not a burst of gossip.
+pub const MAX_UNANNOUNCED: usize = 256;
 /// Largest reconciliation frame: a newcomer learns the ids of a large view in frames of this size
 /// (about 8,000 record ids each), one round trip apiece.
 pub const RECONCILE_FRAME_BYTES: usize = 256 * 1024;

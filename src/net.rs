@@ -8,11 +8,18 @@
 //! - the ingest worker ([`ingest`]): verifies and applies what peers send, one message at a time, and
 //!   reports a gossip verdict (Accept / Reject / Ignore) for every message back to the loop.
 
-mod detect;
+mod behaviour;
+mod dialing;
 pub mod ingest;
+mod protocol;
+mod status;
 pub mod sync;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use behaviour::{build_swarm, Behaviour, BehaviourEvent};
+use dialing::{peer_of, Bootstrap};
+pub use status::{CounterState, Counters, MeshState, PeerInfo, Status};
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,21 +36,15 @@ use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, kad, mdns, noise, ping, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
 use serde::Serialize;
-use serde_bytes::ByteBuf;
 use sha2::Digest as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use crate::clock::now_millis;
 use crate::clock::rfc3339;
-use crate::defaults::{
-    MAX_ADDRS_PER_PEER, MAX_LIST_FETCHES, MAX_SYNC_REQUEST_BYTES, MAX_SYNC_RESPONSE_BYTES,
-};
-use crate::proto::bans::{self, BanList};
-use crate::proto::fetch::Fetches;
-use crate::proto::membership::Membership;
-use crate::proto::reconcile::Index;
-use crate::registry::remote::SignedList;
+use crate::defaults::{MAX_ADDRS_PER_PEER, MAX_SYNC_REQUEST_BYTES, MAX_SYNC_RESPONSE_BYTES, MAX_UNANNOUNCED};
+use crate::proto::records::SignedList;
+use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
@@ -124,95 +125,6 @@ pub struct NetConfig {
     pub allowed_publishers: Option<Arc<HashSet<PeerId>>>,
 }
 
-#[derive(NetworkBehaviour)]
-struct Behaviour {
-    gossipsub: gossipsub::Behaviour,
-    kad: kad::Behaviour<kad::store::MemoryStore>,
-    mdns: Toggle<mdns::tokio::Behaviour>,
-    identify: identify::Behaviour,
-    ping: ping::Behaviour,
-    sync: request_response::cbor::Behaviour<SyncRequest, SyncResponse>,
-}
-
-/// Counters shared by the loop, the ingest worker and status.
-#[derive(Default)]
-pub struct Counters {
-    inner: std::sync::Mutex<CounterState>,
-}
-
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct CounterState {
-    pub messages_in: u64,
-    pub messages_out: u64,
-    pub accepted: u64,
-    pub ignored: u64,
-    /// Gossip dropped unread because the verification queue (`INGEST_QUEUE`) was full: not
-    /// forwarded, and recovered by anti-entropy if it mattered.
-    pub dropped_overload: u64,
-    /// Rejections by reason (`bad_signature`, `too_large`, `malformed`, `publisher_over_limit`,
-    /// `publisher_not_allowed`, `view_full`, …).
-    pub rejected: BTreeMap<&'static str, u64>,
-    pub signature_failures: u64,
-    /// Peers disconnected and refused for sending too many rejected messages (`proto::bans`).
-    pub peers_banned: u64,
-    /// Connections that failed before being established (wrong network key, unreachable, refused).
-    pub connection_errors: u64,
-    /// Peers this node declared down (connection closed, confirmed by peers it asked).
-    pub peers_declared_down: u64,
-    pub sync_rounds: u64,
-    pub last_sync_ms: Option<u64>,
-}
-
-impl Counters {
-    pub fn update(&self, f: impl FnOnce(&mut CounterState)) {
-        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()));
-    }
-
-    pub fn get(&self) -> CounterState {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-/// `GET /api/v1/mesh/status`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Status {
-    pub peer_id: String,
-    pub listen_addrs: Vec<String>,
-    pub connected_peers: usize,
-    /// Gossip mesh peers per topic.
-    pub mesh_peers: BTreeMap<String, usize>,
-    pub routing_table_size: usize,
-    /// Peers refused right now for misbehaving.
-    pub banned_peers: usize,
-    /// Whether this node only talks to peers holding the network key.
-    pub closed_mesh: bool,
-    pub records: BTreeMap<&'static str, usize>,
-    /// The bounded mesh state besides the records (see SECURITY.md).
-    pub mesh_state: MeshState,
-    pub last_sync: Option<String>,
-    #[serde(flatten)]
-    pub counters: CounterState,
-}
-
-/// Publishers tracked (`MAX_TRACKED_PUBLISHERS`), agent-list entries held (`LIST_ENTRIES_PER_RECORD` per remote record) and
-/// tombstones held (`MAX_TOMBSTONES`), plus the limits records are admitted by.
-#[derive(Debug, Clone, Serialize)]
-pub struct MeshState {
-    pub publishers: usize,
-    pub list_entries: usize,
-    pub tombstones: usize,
-    pub max_agents_per_publisher: usize,
-    pub max_remote_records: usize,
-}
-
-/// One connected peer, for `GET /api/v1/mesh/peers`.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeerInfo {
-    pub peer_id: String,
-    pub addresses: Vec<String>,
-    pub rtt_ms: Option<f64>,
-}
-
 enum Command {
     Status(oneshot::Sender<Status>),
     Peers(oneshot::Sender<Vec<PeerInfo>>),
@@ -251,137 +163,7 @@ impl NetHandle {
     }
 }
 
-/// SHA-256 of the data, truncated: the same on every node and every Rust version.
-fn message_id(message: &gossipsub::Message) -> gossipsub::MessageId {
-    let digest = sha2::Sha256::digest(&message.data);
-    gossipsub::MessageId::from(digest[..20].to_vec())
-}
-
-/// Peer scoring that punishes what matters here: every message reported `Reject` (forged, oversized,
-/// not first-party) costs its forwarder, quadratically, until it is graylisted. Delivery-rate penalties
-/// are off, since cards are rare and a quiet topic is normal; so is the IP colocation penalty, since
-/// many nodes share an address on one host or behind one NAT.
-fn score_params() -> gossipsub::PeerScoreParams {
-    let mut params = gossipsub::PeerScoreParams { ip_colocation_factor_weight: 0.0, ..Default::default() };
-    for topic in [CARDS_TOPIC, HEARTBEATS_TOPIC] {
-        let topic_params = gossipsub::TopicScoreParams {
-            mesh_message_deliveries_weight: 0.0,
-            mesh_failure_penalty_weight: 0.0,
-            ..Default::default()
-        };
-        params.topics.insert(IdentTopic::new(topic).hash(), topic_params);
-    }
-    params
-}
-
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn build_swarm(keypair: &Keypair, config: &NetConfig) -> Result<Swarm<Behaviour>, NetError> {
-    let err = |e: &dyn std::fmt::Display| NetError::Transport(e.to_string());
-    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair.clone()).with_tokio();
-    let tcp_config = tcp::Config::default().nodelay(true);
-    let swarm_config = |c: libp2p::swarm::Config| c.with_idle_connection_timeout(Duration::from_secs(60));
-    let swarm = match config.psk {
-        None => {
-            let builder = builder
-                .with_tcp(tcp_config, noise::Config::new, yamux::Config::default)
-                .map_err(|e| err(&e))?;
-            // QUIC (listen on `/ip4/../udp/../quic-v1`) is an optional feature: it builds a TLS stack
-            // in C. A closed mesh has none: the network key protects TCP streams only.
-            #[cfg(feature = "quic")]
-            let builder = builder.with_quic();
-            builder
-                .with_dns()
-                .map_err(|e| err(&e))?
-                .with_behaviour(|key| behaviour(key, config))
-                .map_err(|e| err(&e))?
-                .with_swarm_config(swarm_config)
-                .build()
-        }
-        // TCP, then the pre-shared key's encryption, then noise and yamux as usual.
-        Some(psk) => builder
-            .with_other_transport(|key| {
-                let noise = noise::Config::new(key).map_err(|e| Box::new(e) as BoxError)?;
-                Ok::<_, BoxError>(
-                    tcp::tokio::Transport::new(tcp_config)
-                        .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
-                        .upgrade(upgrade::Version::V1)
-                        .authenticate(noise)
-                        .multiplex(yamux::Config::default())
-                        // A peer without the key may stall the handshake rather than fail it.
-                        .timeout(HANDSHAKE_TIMEOUT),
-                )
-            })
-            .map_err(|e| err(&e))?
-            .with_dns()
-            .map_err(|e| err(&e))?
-            .with_behaviour(|key| behaviour(key, config))
-            .map_err(|e| err(&e))?
-            .with_swarm_config(swarm_config)
-            .build(),
-    };
-    Ok(swarm)
-}
-
-fn behaviour(
-    key: &Keypair,
-    config: &NetConfig,
-) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
-    let peer_id = key.public().to_peer_id();
-    let gossip_config = gossipsub::ConfigBuilder::default()
-        .heartbeat_interval(GOSSIP_HEARTBEAT)
-        .mesh_n(MESH_N)
-        .mesh_n_low(MESH_N_LOW)
-        .mesh_n_high(MESH_N_HIGH)
-        // Our own messages go to the mesh like any other, not to every connected peer: a
-        // bootstrap node connected to the whole mesh would otherwise send each of its heartbeats
-        // to everyone.
-        .flood_publish(false)
-        .gossip_lazy(GOSSIP_LAZY)
-        .gossip_factor(GOSSIP_FACTOR)
-        .history_gossip(GOSSIP_HISTORY)
-        // Every message carries its publisher's own signature (`wire`), verified by the application
-        // before anything is used, so gossipsub's second signature, author and seqno (about 120 bytes
-        // of every copy of every heartbeat) buy nothing: messages are anonymous and content-addressed.
-        .validation_mode(ValidationMode::Anonymous)
-        .validate_messages()
-        .message_id_fn(message_id)
-        .max_transmit_size(MAX_MESSAGE_BYTES + 4096)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Anonymous, gossip_config)?;
-    gossipsub.with_peer_score(score_params(), gossipsub::PeerScoreThresholds::default())?;
-    let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
-    kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH_INTERVAL));
-    let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
-    // On a LAN or a docker network nothing confirms an external address: stay a server.
-    kad.set_mode(Some(kad::Mode::Server));
-    let mdns = if config.mdns {
-        let mdns_config = mdns::Config { query_interval: MDNS_QUERY_INTERVAL, ..Default::default() };
-        Some(mdns::tokio::Behaviour::new(mdns_config, peer_id)?)
-    } else {
-        None
-    };
-    let identify =
-        identify::Behaviour::new(identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public()));
-    let ping_config = ping::Config::new().with_interval(PING_INTERVAL).with_timeout(PING_TIMEOUT);
-    let codec = request_response::cbor::codec::Codec::default()
-        .set_request_size_maximum(MAX_SYNC_REQUEST_BYTES)
-        .set_response_size_maximum(MAX_SYNC_RESPONSE_BYTES);
-    let sync = request_response::Behaviour::with_codec(
-        codec,
-        [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
-        request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
-    );
-    Ok(Behaviour {
-        gossipsub,
-        kad,
-        mdns: mdns.into(),
-        identify,
-        ping: ping::Behaviour::new(ping_config),
-        sync,
-    })
-}
 
 /// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns its two tasks into the
 /// node's supervised set.
@@ -425,6 +207,15 @@ pub async fn spawn(
         })
         .collect();
     let changes = registry.subscribe();
+    let unannounced: BTreeSet<String> = registry
+        .snapshot()
+        .entries
+        .iter()
+        .filter(|e| e.is_local())
+        .map(|e| e.key.agent_id.clone())
+        .take(MAX_UNANNOUNCED)
+        .collect();
+    let config_heartbeat = config.heartbeat_interval;
     let event_loop = EventLoop {
         swarm,
         keypair,
@@ -444,36 +235,19 @@ pub async fn spawn(
         last_list: None,
         list_beats: 0,
         own_list: None,
+        // A node that starts on a stored view announces its cards again at its first heartbeat: peers
+        // that removed them when it left take them back by gossip, not one fetch per hop.
+        unannounced,
         last_heartbeat: None,
-        list_fetches: HashMap::new(),
-        sync_in_flight: HashMap::new(),
-        fetches: Fetches::default(),
-        index: None,
-        bans: BanList::default(),
-        membership: Membership::default(),
-        rng: rand::SeedableRng::from_os_rng(),
+        requests: HashMap::new(),
+        index_generation: None,
+        state: State::new(
+            state::Config { list_refetch: config_heartbeat.as_millis() as u64 },
+            rand::random(),
+        ),
     };
     tasks.spawn_loop("mesh event loop", event_loop.run());
     Ok(NetHandle { tx, peer_id })
-}
-
-fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
-    addr.iter().find_map(|p| match p {
-        Protocol::P2p(peer) => Some(peer),
-        _ => None,
-    })
-}
-
-struct Bootstrap {
-    addr: Multiaddr,
-    /// The PeerId the address names (`/p2p/..`), if it does.
-    peer: Option<PeerId>,
-    /// For an address without one: the PeerId found there on the last connection.
-    learned: Option<PeerId>,
-    /// The dial under way to an address without a PeerId.
-    pending: Option<ConnectionId>,
-    next: Instant,
-    backoff: Duration,
 }
 
 struct EventLoop {
@@ -498,21 +272,18 @@ struct EventLoop {
     /// The signed messages that carry this node's current list (the heartbeat that last carried it,
     /// or every chunk of a long one), for nodes that fetch it.
     own_list: Option<SignedList>,
+    /// Local cards whose announcement found no peer, announced again at each heartbeat until one
+    /// does (at most `MAX_UNANNOUNCED`).
+    unannounced: BTreeSet<String>,
     /// This node's newest heartbeat, sent first in answer to a fetch of its list.
     last_heartbeat: Option<Arc<[u8]>>,
-    /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
-    list_fetches: HashMap<PeerId, Instant>,
-    /// Sync requests awaiting their answer, and what each asked (at most `MAX_SYNC_IN_FLIGHT`).
-    sync_in_flight: HashMap<request_response::OutboundRequestId, sync::Asked>,
-    /// Records being fetched, each of one peer at a time.
-    fetches: Fetches,
-    /// The reconciliation index and the view generation it was built from.
-    index: Option<(u64, Arc<Index>)>,
-    /// Strikes and bans of peers that send what verification refuses.
-    bans: BanList,
-    /// The failure detector, and the rng it draws helpers with.
-    membership: Membership,
-    rng: rand::rngs::StdRng,
+    /// The protocol's decisions: sync questions, fetch claims, failure detection, bans.
+    state: State,
+    /// The protocol state's number of each sync request in flight (as many as it has in flight, at
+    /// most `MAX_SYNC_IN_FLIGHT`).
+    requests: HashMap<request_response::OutboundRequestId, state::RequestId>,
+    /// The view generation of the index the protocol state holds.
+    index_generation: Option<u64>,
 }
 
 impl EventLoop {
@@ -540,41 +311,57 @@ impl EventLoop {
                     None => return,
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
-                _ = sync.tick() => self.sync_with_random_peer(),
+                _ = sync.tick() => self.handle(Event::SyncTimer),
                 _ = redial.tick() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
-                _ = detect.tick() => self.on_detect_tick(),
+                _ = detect.tick() => self.handle(Event::Tick),
             }
         }
     }
 
-    fn publish(&mut self, topic: &IdentTopic, data: Vec<u8>) {
+    /// Publishes on `topic`; false when gossipsub had no peer to send it to.
+    fn publish(&mut self, topic: &IdentTopic, data: Vec<u8>) -> bool {
         match self.swarm.behaviour_mut().gossipsub.publish(topic.clone(), data) {
-            Ok(_) => self.counters.update(|c| c.messages_out += 1),
-            // No peer yet, or none subscribed: anti-entropy delivers it on the next connection.
-            Err(error) => tracing::debug!(topic = %topic, %error, "not published"),
+            Ok(_) => {
+                self.counters.update(|c| c.messages_out += 1);
+                true
+            }
+            // No peer yet, or none subscribed: anti-entropy reaches the peers it connects to.
+            Err(error) => {
+                tracing::debug!(topic = %topic, %error, "not published");
+                false
+            }
+        }
+    }
+
+    /// Announces a local card; one that found no peer is announced again at the next heartbeat, so
+    /// a card registered before the mesh formed reaches every node by gossip, not only the peers that
+    /// reconcile with this one.
+    fn announce(&mut self, agent_id: String) {
+        let me = *self.swarm.local_peer_id();
+        let key = RecordKey { agent_id, publisher: me };
+        let Some(msg) = self.registry.signed_card(&key) else { return };
+        if self.publish(&self.cards.clone(), msg) {
+            self.unannounced.remove(&key.agent_id);
+        } else if self.unannounced.len() < MAX_UNANNOUNCED {
+            self.unannounced.insert(key.agent_id);
         }
     }
 
     fn on_local_change(&mut self, change: Result<LocalChange, broadcast::error::RecvError>) {
-        let me = *self.swarm.local_peer_id();
         match change {
-            Ok(LocalChange::Card { agent_id }) => {
-                if let Some(msg) = self.registry.signed_card(&RecordKey { agent_id, publisher: me }) {
-                    self.publish(&self.cards.clone(), msg);
-                }
-            }
+            Ok(LocalChange::Card { agent_id }) => self.announce(agent_id),
             Ok(LocalChange::Removed { agent_id, seq }) => {
+                self.unannounced.remove(&agent_id);
                 let msg =
                     wire::seal_tombstone(&self.keypair, &TombstoneBody { agent_id: Some(agent_id), seq });
                 self.publish(&self.cards.clone(), msg);
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "local change feed lagged; re-announcing every local card");
-                for entry in self.registry.snapshot().entries.iter().filter(|e| e.is_local()) {
-                    if let Some(msg) = self.registry.signed_card(&entry.key) {
-                        self.publish(&self.cards.clone(), msg);
-                    }
+                let snapshot = self.registry.snapshot();
+                for entry in snapshot.entries.iter().filter(|e| e.is_local()) {
+                    self.announce(entry.key.agent_id.clone());
                 }
             }
             Err(broadcast::error::RecvError::Closed) => {}
@@ -606,80 +393,9 @@ impl EventLoop {
         }
         self.last_heartbeat = Some(signed);
         self.publish(&self.heartbeats.clone(), msg);
-        for peer in self.bans.expire(now) {
-            tracing::info!(%peer, "ban ended");
-            self.swarm.behaviour_mut().gossipsub.remove_blacklisted_peer(&peer);
-        }
-        let stale = Instant::now();
-        self.list_fetches.retain(|_, &mut at| at > stale);
-    }
-
-    fn sync_with_random_peer(&mut self) {
-        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-        if peers.is_empty() {
-            return;
-        }
-        let pick = peers[rand::random_range(0..peers.len())];
-        self.request_sync(pick);
-    }
-
-    fn redial(&mut self) {
-        let now = Instant::now();
-        for i in 0..self.bootstrap.len() {
-            let b = &self.bootstrap[i];
-            let connected = b.peer.or(b.learned).is_some_and(|p| self.swarm.is_connected(&p));
-            if b.next > now || connected || b.pending.is_some() {
-                continue;
-            }
-            let addr = b.addr.clone();
-            let opts = match b.peer {
-                Some(peer) => DialOpts::peer_id(peer)
-                    .addresses(vec![addr.clone()])
-                    .condition(PeerCondition::DisconnectedAndNotDialing)
-                    .build(),
-                // Whoever answers there now (a restarted container may have a new key).
-                None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
-            };
-            let connection = opts.connection_id();
-            if let Err(error) = self.swarm.dial(opts) {
-                tracing::debug!(%addr, %error, "bootstrap dial not started");
-            }
-            let b = &mut self.bootstrap[i];
-            if b.peer.is_none() {
-                b.pending = Some(connection);
-            }
-            b.next = now + b.backoff;
-            b.backoff = (b.backoff * 2).min(REDIAL_MAX);
-        }
-    }
-
-    /// Dials the LAN peers mDNS knows of that this node should dial and is not connected to: one
-    /// connection per pair, so only the lower PeerId dials. Runs when mDNS finds peers and every
-    /// `MDNS_QUERY_INTERVAL`, since mDNS reports a peer only once: a connection lost later (a dead one
-    /// closed after failed pings) would otherwise not be made again until the record expires.
-    fn dial_lan_peers(&mut self) {
-        let me = *self.swarm.local_peer_id();
-        let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
-        let now = now_millis();
-        let due: Vec<PeerId> = mdns
-            .discovered_nodes()
-            .filter(|p| me < **p && !self.swarm.is_connected(p) && !self.bans.is_banned(p, now))
-            .copied()
-            .collect();
-        for peer in due {
-            // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.
-            let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
-            let _ = self.swarm.dial(opts);
-        }
-    }
-
-    /// Whom to ask for a publisher's records: the publisher itself when connected (it surely holds its
-    /// newest), else the peer that relayed what named them.
-    fn ask_for(&self, publisher: PeerId, relay: PeerId) -> PeerId {
-        if self.swarm.is_connected(&publisher) {
-            publisher
-        } else {
-            relay
+        let pending: Vec<String> = std::mem::take(&mut self.unannounced).into_iter().collect();
+        for agent_id in pending {
+            self.announce(agent_id);
         }
     }
 
@@ -693,47 +409,18 @@ impl EventLoop {
                     acceptance,
                 );
                 if rejected {
-                    self.strike(source, 1);
+                    self.handle(Event::Refused { peer: source, count: 1 });
                 }
             }
-            Verdict::Misbehaved { peer, rejected } => self.strike(peer, rejected),
-            Verdict::Settled(ids) => self.fetches.failed(&ids),
+            Verdict::Misbehaved { peer, rejected } => self.handle(Event::Refused { peer, count: rejected }),
+            Verdict::Settled(ids) => self.handle(Event::Settled(ids)),
             Verdict::Refute => {
                 tracing::info!("declared down by a peer; refuting with a heartbeat");
                 self.on_heartbeat_tick();
             }
-            Verdict::FetchList { from, publisher } => {
-                let now = Instant::now();
-                let due = self.list_fetches.get(&publisher).is_none_or(|&at| now >= at);
-                if !due || self.list_fetches.len() >= MAX_LIST_FETCHES {
-                    return;
-                }
-                // At most one fetch per publisher per heartbeat interval; the sender accepted the
-                // heartbeat, so it most likely holds the list.
-                self.list_fetches.insert(publisher, now + self.config.heartbeat_interval);
-                let peer = self.ask_for(publisher, from);
-                let request = SyncRequest::List { publisher: ByteBuf::from(publisher.to_bytes()) };
-                self.send_sync(peer, request, sync::Asked::List);
-            }
-            Verdict::Fetch { from, publisher, ids } => {
-                let peer = self.ask_for(publisher, from);
-                self.fetch(peer, ids);
-            }
+            Verdict::FetchList { from, publisher } => self.handle(Event::ListUnknown { from, publisher }),
+            Verdict::Fetch { from, publisher, ids } => self.handle(Event::Missing { from, publisher, ids }),
         }
-    }
-
-    /// Counts rejected messages against the peer that sent them; past the limit it is disconnected and
-    /// refused for `bans::BAN_FOR`.
-    fn strike(&mut self, peer: PeerId, rejected: u32) {
-        if !self.bans.strike(peer, rejected, now_millis()) {
-            return;
-        }
-        tracing::warn!(%peer, ban_secs = bans::BAN_FOR.as_secs(), "peer banned: too many rejected messages");
-        self.counters.update(|c| c.peers_banned += 1);
-        let behaviour = self.swarm.behaviour_mut();
-        behaviour.gossipsub.blacklist_peer(&peer);
-        behaviour.kad.remove_peer(&peer);
-        let _ = self.swarm.disconnect_peer_id(peer);
     }
 
     fn on_command(&mut self, command: Command) {
@@ -758,46 +445,6 @@ impl EventLoop {
                 let _ = reply.send(peers);
             }
             Command::Leave(_) => {}
-        }
-    }
-
-    fn status(&mut self) -> Status {
-        let counters = self.counters.get();
-        let gossip = &self.swarm.behaviour().gossipsub;
-        let mesh_peers = [&self.cards, &self.heartbeats]
-            .into_iter()
-            .map(|t| (t.to_string(), gossip.mesh_peers(&t.hash()).count()))
-            .collect();
-        let routing_table_size =
-            self.swarm.behaviour_mut().kad.kbuckets().map(|bucket| bucket.num_entries()).sum();
-        let records = self
-            .registry
-            .health_counts(now_millis())
-            .into_iter()
-            .map(|(health, n)| (health.as_str(), n))
-            .collect();
-        Status {
-            peer_id: self.swarm.local_peer_id().to_base58(),
-            listen_addrs: self.listen_addrs.iter().map(ToString::to_string).collect(),
-            connected_peers: self.swarm.connected_peers().count(),
-            mesh_peers,
-            routing_table_size,
-            banned_peers: self.bans.banned(now_millis()),
-            closed_mesh: self.config.psk.is_some(),
-            records,
-            mesh_state: {
-                let (publishers, list_entries, tombstones) = self.registry.mesh_state_size();
-                let limits = self.registry.limits();
-                MeshState {
-                    publishers,
-                    list_entries,
-                    tombstones,
-                    max_agents_per_publisher: limits.per_publisher,
-                    max_remote_records: limits.remote_records,
-                }
-            },
-            last_sync: counters.last_sync_ms.map(rfc3339),
-            counters,
         }
     }
 
@@ -827,7 +474,7 @@ impl EventLoop {
             SwarmEvent::ConnectionEstablished {
                 peer_id, connection_id, endpoint, num_established, ..
             } => {
-                if self.bans.is_banned(&peer_id, now_millis()) {
+                if self.state.is_banned(&peer_id, now_millis()) {
                     tracing::debug!(%peer_id, "refused a connection of a banned peer");
                     let _ = self.swarm.close_connection(connection_id);
                     return;
@@ -851,18 +498,13 @@ impl EventLoop {
                 }
                 if num_established.get() == 1 {
                     tracing::debug!(%peer_id, "peer connected");
-                    self.membership.connected(peer_id);
-                    self.request_sync(peer_id);
-                    // Its newest heartbeat and list at once: its agents are alive as their cards
-                    // land, without waiting for its next heartbeat to reach this node by gossip.
-                    let request = SyncRequest::List { publisher: ByteBuf::from(peer_id.to_bytes()) };
-                    self.send_sync(peer_id, request, sync::Asked::List);
+                    self.handle(Event::Connected(peer_id));
                 }
             }
             SwarmEvent::OutgoingConnectionError { connection_id, peer_id, error } => {
                 tracing::debug!(peer = ?peer_id, %error, "could not connect");
                 if let Some(peer) = peer_id {
-                    self.on_dial_failed(peer);
+                    self.handle(Event::DialFailed(peer));
                 }
                 self.counters.update(|c| c.connection_errors += 1);
                 for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {

@@ -22,9 +22,11 @@ use libp2p::identity::{Keypair, PeerId};
 use tokio::sync::broadcast;
 
 use crate::card::{AgentCard, HeldCard};
+use crate::proto::records::Admission;
 use health::{Health, Millis, Reported, Thresholds};
 use store::{Row, Store, StoreError};
 
+pub use crate::proto::records::{accepts, RecordKey};
 pub use remote::{HeartbeatOutcome, Limits};
 
 /// Capacity of the local-change channel. A subscriber that falls further behind is told it lagged and
@@ -96,13 +98,6 @@ impl Origin {
             _ => None,
         }
     }
-}
-
-/// A record's identity: the same agent id from two publishers is two records.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RecordKey {
-    pub agent_id: String,
-    pub publisher: PeerId,
 }
 
 /// The mutable liveness facts of one record, shared across snapshot generations.
@@ -293,11 +288,6 @@ impl Applied {
     }
 }
 
-/// The pure rule: highest seq wins; equal or older is stale.
-pub fn accepts(held: Option<u64>, incoming: u64) -> bool {
-    held.is_none_or(|held| incoming > held)
-}
-
 /// The next seq for a local record: above the last one, and at least the wall clock in millis, so that
 /// a record re-created after a removal still outranks the removal everywhere.
 pub fn next_local_seq(held: Option<u64>, now: Millis) -> u64 {
@@ -398,13 +388,13 @@ impl Registry {
         if report.local > limits.per_publisher {
             return Err(RegistryError::StoreOverLimit { held: report.local, limit: limits.per_publisher });
         }
-        let remote = remote::RemoteState::new(limits);
+        let remote = remote::RemoteState::new(me, limits);
         let mut local = witness::Sum::default();
         for entry in map.values() {
             if entry.is_local() {
                 local.add(&entry.key.agent_id, entry.seq);
             } else {
-                remote.count_loaded(entry.key.publisher);
+                remote.lock().count_loaded(entry.key.publisher);
             }
         }
         let witness = std::sync::Mutex::new(witness::Witness::open(dir, local, accept_loss)?);
@@ -431,14 +421,14 @@ impl Registry {
 
     /// Uncounts a remote record; a publisher with none left here is forgotten by the name cache.
     fn release(&self, publisher: PeerId) {
-        if self.remote.release(publisher) {
+        if self.remote.lock().release(publisher) {
             self.names.forget(&publisher);
         }
     }
 
     /// The limits this registry admits records by.
     pub fn limits(&self) -> Limits {
-        self.remote.limits()
+        self.remote.lock().limits()
     }
 
     /// Refuses `new` more local agents when they would take this node past the per-publisher limit
@@ -447,7 +437,7 @@ impl Registry {
         if new == 0 {
             return Ok(());
         }
-        let limit = self.remote.limits().per_publisher;
+        let limit = self.remote.lock().limits().per_publisher;
         let held = self.lock_witness().local_records();
         if held + new > limit {
             return Err(RegistryError::LocalLimit { held, limit });
@@ -604,15 +594,12 @@ impl Registry {
             Update::Upsert { publisher, seq, card, origin, sig } => {
                 let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
                 let held = map.get(&key);
-                if !accepts(held.map(|e| e.seq), seq) || !self.remote.outranks_tombstone(&key, seq) {
-                    return Ok(Applied::Stale { held: held.map(|e| e.seq) });
-                }
-                let created = held.is_none();
-                if created && origin == Origin::Remote {
-                    if let Err(limit) = self.remote.admit(publisher) {
-                        return Ok(Applied::OverLimit(limit));
-                    }
-                }
+                let remote = origin == Origin::Remote;
+                let created = match self.remote.lock().admit(&key, held.map(|e| e.seq), seq, remote) {
+                    Admission::Take { created } => created,
+                    Admission::Stale => return Ok(Applied::Stale { held: held.map(|e| e.seq) }),
+                    Admission::Over(limit) => return Ok(Applied::OverLimit(limit)),
+                };
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
                 let card = HeldCard::new(&card);
                 let pub_bytes = publisher.to_bytes();
@@ -673,7 +660,7 @@ impl Registry {
                         self.release(publisher);
                     }
                 }
-                self.remote.remember_tombstone(key, seq, now);
+                self.remote.lock().removed(key, seq, now);
                 Applied::Removed { seq }
             }
         };

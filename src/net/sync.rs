@@ -43,66 +43,41 @@ use libp2p::request_response::OutboundRequestId;
 use super::ingest::Inbound;
 use super::EventLoop;
 use crate::clock::now_millis;
-use crate::defaults::{FETCH_BATCH, MAX_SYNC_IN_FLIGHT};
+use crate::defaults::FETCH_BATCH;
 use crate::proto::membership::Reach;
 use crate::proto::reconcile::{Index, RecordId};
+use crate::proto::state::{Event, Request};
 
-/// What a sync request in flight was for.
-pub(super) enum Asked {
-    Reconcile,
-    Fetch(Vec<RecordId>),
-    List,
-    Reach(PeerId),
+impl SyncRequest {
+    fn from_request(request: Request) -> Self {
+        match request {
+            Request::Reconcile(frame) => SyncRequest::Reconcile(frame.into()),
+            Request::Fetch(ids) => SyncRequest::Fetch(ids.iter().map(|id| id.to_vec().into()).collect()),
+            Request::List(publisher) => SyncRequest::List { publisher: publisher.to_bytes().into() },
+            Request::Reach(target) => SyncRequest::Reach { target: target.to_bytes().into() },
+        }
+    }
 }
 
 impl EventLoop {
-    /// The reconciliation index of the view as it is now, rebuilt only when the view changed.
-    fn index(&mut self) -> Arc<Index> {
+    /// The reconciliation index of the view as it is now, rebuilt (and given to the protocol state)
+    /// only when the view changed.
+    pub(super) fn index(&mut self) -> Arc<Index> {
         let snapshot = self.registry.snapshot();
-        match &self.index {
-            Some((generation, index)) if *generation == snapshot.generation => index.clone(),
-            _ => {
-                let records =
-                    snapshot.entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq));
-                let index = Arc::new(Index::build(records));
-                self.index = Some((snapshot.generation, index.clone()));
-                index
-            }
+        if self.index_generation != Some(snapshot.generation) {
+            let records = snapshot.entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq));
+            let index = Arc::new(Index::build(records));
+            self.index_generation = Some(snapshot.generation);
+            self.state.handle(Event::View(index), now_millis());
         }
+        self.state.index().clone()
     }
 
-    /// Sends a sync request unless `MAX_SYNC_IN_FLIGHT` are already awaiting answers (the work is
-    /// then picked up again by the next heartbeat or sync round); false if not sent.
-    pub(super) fn send_sync(&mut self, peer: PeerId, request: SyncRequest, asked: Asked) -> bool {
-        if self.sync_in_flight.len() >= MAX_SYNC_IN_FLIGHT {
-            tracing::debug!(%peer, "sync request not sent: too many in flight");
-            return false;
-        }
-        let id = self.swarm.behaviour_mut().sync.send_request(&peer, request);
-        self.sync_in_flight.insert(id, asked);
-        true
-    }
-
-    /// Starts an anti-entropy round with `peer`: reconciliation first, then fetches of what it showed.
-    pub(super) fn request_sync(&mut self, peer: PeerId) {
-        match self.index().initiate() {
-            Ok(frame) => {
-                self.send_sync(peer, SyncRequest::Reconcile(frame.into()), Asked::Reconcile);
-            }
-            Err(error) => tracing::warn!(%error, "cannot start a reconciliation"),
-        }
-    }
-
-    /// Asks `peer` for the records `ids` names that nobody is fetching yet, in pipelined requests.
-    pub(super) fn fetch(&mut self, peer: PeerId, ids: Vec<RecordId>) {
-        let now = now_millis();
-        for batch in self.fetches.claim(ids, now) {
-            let request = SyncRequest::Fetch(batch.iter().map(|id| id.to_vec().into()).collect());
-            if !self.send_sync(peer, request, Asked::Fetch(batch.clone())) {
-                // Not sent: free the claims for the next round.
-                self.fetches.failed(&batch);
-            }
-        }
+    /// Sends a question the protocol state decided on, remembering its number for the answer.
+    pub(super) fn send_sync(&mut self, peer: PeerId, id: u64, request: Request) {
+        let request = SyncRequest::from_request(request);
+        let outbound = self.swarm.behaviour_mut().sync.send_request(&peer, request);
+        self.requests.insert(outbound, id);
     }
 
     pub(super) fn on_sync_response(
@@ -111,31 +86,14 @@ impl EventLoop {
         request_id: OutboundRequestId,
         response: SyncResponse,
     ) {
-        let asked = self.sync_in_flight.remove(&request_id);
         self.counters.update(|c| {
             c.sync_rounds += 1;
             c.last_sync_ms = Some(now_millis());
         });
-        if let Some(Asked::Fetch(ids)) = &asked {
-            self.fetches.answered(ids, now_millis());
-        }
-        if let Some(Asked::Reach(target)) = asked {
-            self.on_reach_answer(target, Some(Reach::from_u8(response.reach.unwrap_or(0))));
-            return;
-        }
-        if let (Some(Asked::Reconcile), Some(frame)) = (&asked, response.frame) {
-            match self.index().step(&frame) {
-                Ok(step) => {
-                    if let Some(next) = step.next {
-                        self.send_sync(peer, SyncRequest::Reconcile(next.into()), Asked::Reconcile);
-                    }
-                    if !step.need.is_empty() {
-                        tracing::debug!(%peer, need = step.need.len(), have = step.have, "reconciled");
-                        self.fetch(peer, step.need);
-                    }
-                }
-                Err(error) => tracing::debug!(%peer, %error, "reconciliation frame refused"),
-            }
+        if let Some(id) = self.requests.remove(&request_id) {
+            let frame = response.frame.map(|f| f.into_vec());
+            let reach = response.reach.map(Reach::from_u8);
+            self.handle(Event::Answered { id, frame, reach });
         }
         if !response.cards.is_empty() {
             let inbound = Inbound::Signed { from: peer, messages: response.cards };
@@ -151,10 +109,8 @@ impl EventLoop {
         request_id: OutboundRequestId,
         error: &dyn std::fmt::Display,
     ) {
-        match self.sync_in_flight.remove(&request_id) {
-            Some(Asked::Fetch(ids)) => self.fetches.failed(&ids),
-            Some(Asked::Reach(target)) => self.on_reach_answer(target, None),
-            _ => {}
+        if let Some(id) = self.requests.remove(&request_id) {
+            self.handle(Event::Failed { id });
         }
         tracing::debug!(%peer, %error, "sync request failed");
     }
@@ -163,13 +119,8 @@ impl EventLoop {
     pub(super) fn answer(&mut self, request: SyncRequest) -> SyncResponse {
         match request {
             SyncRequest::Reconcile(frame) => {
-                let frame = match self.index().respond(&frame) {
-                    Ok(reply) => Some(reply.into()),
-                    Err(error) => {
-                        tracing::debug!(%error, "reconciliation frame refused");
-                        None
-                    }
-                };
+                self.index();
+                let frame = self.state.respond(&frame).map(Into::into);
                 SyncResponse { cards: Vec::new(), frame, reach: None }
             }
             SyncRequest::Fetch(ids) => {
@@ -204,7 +155,11 @@ impl EventLoop {
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Reach { target } => {
-                SyncResponse { cards: Vec::new(), frame: None, reach: Some(self.reach(&target).to_u8()) }
+                let reach = match PeerId::from_bytes(&target) {
+                    Ok(target) => self.state.reach(&target, now_millis()),
+                    Err(_) => Reach::Unknown,
+                };
+                SyncResponse { cards: Vec::new(), frame: None, reach: Some(reach.to_u8()) }
             }
         }
     }

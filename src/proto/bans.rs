@@ -57,8 +57,9 @@ impl BanList {
     pub fn expire(&mut self, now: u64) -> Vec<PeerId> {
         let window = STRIKE_WINDOW.as_millis() as u64;
         self.strikes.retain(|_, s| now.saturating_sub(s.since) <= window);
-        let ended: Vec<PeerId> =
+        let mut ended: Vec<PeerId> =
             self.banned.iter().filter(|(_, &until)| now >= until).map(|(peer, _)| *peer).collect();
+        ended.sort_unstable();
         for peer in &ended {
             self.banned.remove(peer);
         }

@@ -162,8 +162,10 @@ impl Membership {
     /// peer (some did not answer in time), forgotten otherwise.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
         let timeout = SUSPECT_TIMEOUT.as_millis() as Millis;
-        let due: Vec<PeerId> =
+        let mut due: Vec<PeerId> =
             self.suspects.iter().filter(|(_, s)| s.since + timeout <= now).map(|(p, _)| *p).collect();
+        // In a fixed order, so that a seeded run repeats exactly.
+        due.sort_unstable();
         due.into_iter().flat_map(|p| self.decide(p, true)).collect()
     }
 

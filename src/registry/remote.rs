@@ -1,279 +1,31 @@
-//! What the registry does for the mesh: per-publisher limits, tombstones, heartbeats from other nodes,
-//! eviction, and the digest and signed messages that anti-entropy exchanges.
-//!
-//! Every map here is bounded by a named limit (`crate::defaults`): publishers tracked
-//! (`MAX_TRACKED_PUBLISHERS`), list entries (`LIST_ENTRIES_PER_RECORD` per record the view may hold),
-//! tombstones (`MAX_TOMBSTONES`), and the records themselves (`Limits`). Beyond a bound, what matters least goes first: state of
-//! publishers that hold no record here, least recently heard first; the oldest tombstones.
+//! What the registry does for the mesh: it applies what [`Records`]
+//! decides about remote records (heartbeats, lists, leaves, declarations, eviction) to the view and
+//! the store.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
 use super::{Origin, RecordKey, Registry, RegistryError};
-use crate::defaults::{self, LIST_ENTRIES_PER_RECORD, MAX_TOMBSTONES, MAX_TRACKED_PUBLISHERS};
+use crate::proto::records::{self, CarriedList, Records};
 use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
-/// How many records the view takes: the same numbers decide what this node admits locally and what
-/// it takes from the mesh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Records one publisher may have, this node included (`max_agents_per_publisher`).
-    pub per_publisher: usize,
-    /// Remote records held in all (`max_remote_records`).
-    pub remote_records: usize,
-}
+pub use crate::proto::records::{Limit, Limits, SignedList};
 
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            per_publisher: defaults::MAX_AGENTS_PER_PUBLISHER,
-            remote_records: defaults::MAX_REMOTE_RECORDS,
-        }
-    }
-}
-
-/// Why a new remote record was not admitted. Neither blames the sender: a card alone does not prove
-/// its publisher is over the limit (a removal that frees a slot may still be on its way, or the
-/// publisher's node may be configured with a higher limit), and a full view is this node's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
-    /// The publisher already has `Limits::per_publisher` records here.
-    Publisher,
-    /// The view already holds `Limits::remote_records` remote records.
-    View,
-}
-
-impl Limit {
-    /// The rejection reason counted in the mesh status.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Limit::Publisher => "publisher_over_limit",
-            Limit::View => "view_full",
-        }
-    }
-}
-
-/// A publisher's agent list, its digest, and the signed messages that carried it (the heartbeat, or
-/// the chunks of a long list), served to nodes that missed it.
-struct KnownList {
-    digest: u64,
-    agents: Arc<Vec<HeartbeatAgent>>,
-    signed: SignedList,
-}
-
-/// The signed messages that carry an agent list: one heartbeat, or every chunk of a long list.
-pub type SignedList = Arc<[Arc<[u8]>]>;
-
-/// The newest heartbeat heard from a publisher.
-#[derive(Clone, Copy, Default)]
-struct Heard {
-    sent_at: u64,
-    digest: u64,
-    /// When it arrived (this node's clock).
-    at: Millis,
-}
-
-/// What this node knows of one remote publisher besides its records.
-#[derive(Default)]
-struct PublisherState {
-    heard: Heard,
-    list: Option<KnownList>,
-    /// Its leave, with the leave's seq: the tombstones of that leave hold until a heartbeat sent after
-    /// it shows the publisher back.
-    left: Option<u64>,
-    /// Last time anything of this publisher arrived, for eviction order.
-    touched: Millis,
-    /// Declared down (failure detection), with the declaration's `last_seen`: heartbeats sent up to
-    /// then are old news; a later one shows it alive and clears this.
-    down: Option<u64>,
-}
-
-/// Per-publisher mesh state, bounded in publishers and in list entries.
-#[derive(Default)]
-struct Publishers {
-    map: HashMap<PeerId, PublisherState>,
-    /// Entries of every list held.
-    list_entries: usize,
-    /// The bound on `list_entries`.
-    max_list_entries: usize,
-}
-
-impl Publishers {
-    fn over_bounds(&self) -> bool {
-        self.map.len() > MAX_TRACKED_PUBLISHERS || self.list_entries > self.max_list_entries
-    }
-
-    fn set_list(&mut self, publisher: PeerId, list: Option<KnownList>) {
-        let Some(state) = self.map.get_mut(&publisher) else { return };
-        let added = list.as_ref().map_or(0, |l| l.agents.len());
-        let removed = std::mem::replace(&mut state.list, list).map_or(0, |l| l.agents.len());
-        self.list_entries = self.list_entries + added - removed;
-    }
-
-    fn remove(&mut self, publisher: &PeerId) {
-        if let Some(state) = self.map.remove(publisher) {
-            self.list_entries -= state.list.map_or(0, |l| l.agents.len());
-        }
-    }
-
-    /// Publishers by how little they matter: no record here first, then least recently heard.
-    fn eviction_order(&self, holds: impl Fn(&PeerId) -> bool, keep: PeerId) -> Vec<PeerId> {
-        let mut order: Vec<(bool, Millis, PeerId)> =
-            self.map.iter().filter(|(p, _)| **p != keep).map(|(p, s)| (holds(p), s.touched, *p)).collect();
-        order.sort_unstable_by_key(|&(holds, touched, _)| (holds, touched));
-        order.into_iter().map(|(_, _, p)| p).collect()
-    }
-
-    /// Brings the table back under its bounds, sparing `keep` (the publisher just heard). Trims to 7/8
-    /// of a bound at once, so a stream of fresh keys pays for one sort per many arrivals.
-    fn bound(&mut self, holds: impl Fn(&PeerId) -> bool, keep: PeerId) {
-        if self.map.len() > MAX_TRACKED_PUBLISHERS {
-            let target = MAX_TRACKED_PUBLISHERS - MAX_TRACKED_PUBLISHERS / 8;
-            let excess = self.map.len() - target;
-            for publisher in self.eviction_order(&holds, keep).into_iter().take(excess) {
-                self.remove(&publisher);
-            }
-        }
-        if self.list_entries > self.max_list_entries {
-            let target = self.max_list_entries - self.max_list_entries / 8;
-            for publisher in self.eviction_order(&holds, keep) {
-                if self.list_entries <= target {
-                    break;
-                }
-                self.set_list(publisher, None);
-            }
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counts {
-    per_publisher: HashMap<PeerId, usize>,
-    total: usize,
-}
-
-/// Mesh bookkeeping that lives beside the view, in memory only.
-#[derive(Default)]
-pub(super) struct RemoteState {
-    limits: Limits,
-    /// Records removed recently, with the removal's seq and when: an older card arriving later (a
-    /// replay, or a slow path through the mesh) must not bring the agent back. At most
-    /// `MAX_TOMBSTONES`, forgotten after `evict_after`.
-    tombstones: Mutex<HashMap<RecordKey, (u64, Millis)>>,
-    /// Records held per remote publisher, bounded by `Limits::per_publisher`, and in all.
-    counts: Mutex<Counts>,
-    /// Newest heartbeat, agent list and leave per publisher. Lock order: `publishers`, then `counts`.
-    publishers: Mutex<Publishers>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// The record rules' state, beside the view, in memory only.
+pub(super) struct RemoteState(Mutex<Records>);
 
 impl RemoteState {
-    pub(super) fn new(limits: Limits) -> Self {
-        let max_list_entries = LIST_ENTRIES_PER_RECORD * limits.remote_records;
-        let publishers = Mutex::new(Publishers { max_list_entries, ..Publishers::default() });
-        Self { limits, publishers, ..Self::default() }
+    pub(super) fn new(me: PeerId, limits: Limits) -> Self {
+        Self(Mutex::new(Records::new(me, limits)))
     }
 
-    pub(super) fn limits(&self) -> Limits {
-        self.limits
-    }
-
-    pub(super) fn outranks_tombstone(&self, key: &RecordKey, seq: u64) -> bool {
-        lock(&self.tombstones).get(key).is_none_or(|&(removed, _)| seq > removed)
-    }
-
-    /// A heartbeat sent at `sent_at`: if the publisher had left before then, it is back, and the
-    /// tombstones of its leave no longer hide the records it still holds (at their old seqs).
-    fn returned(&self, state: &mut PublisherState, publisher: PeerId, sent_at: u64) {
-        let Some(leave) = state.left else { return };
-        if sent_at > leave {
-            state.left = None;
-            lock(&self.tombstones).retain(|key, &mut (seq, _)| key.publisher != publisher || seq != leave);
-        }
-    }
-
-    pub(super) fn remember_tombstone(&self, key: RecordKey, seq: u64, now: Millis) {
-        let mut tombstones = lock(&self.tombstones);
-        let slot = tombstones.entry(key).or_insert((seq, now));
-        if seq >= slot.0 {
-            *slot = (seq, now);
-        }
-        if tombstones.len() > MAX_TOMBSTONES {
-            // The oldest eighth goes: an older copy of one of those cards could come back, which is
-            // what eviction would allow later anyway.
-            let mut ages: Vec<Millis> = tombstones.values().map(|&(_, at)| at).collect();
-            let cut = ages.len() - (MAX_TOMBSTONES - MAX_TOMBSTONES / 8);
-            let (_, &mut horizon, _) = ages.select_nth_unstable(cut);
-            tombstones.retain(|_, &mut (_, at)| at > horizon);
-        }
-    }
-
-    /// Brings the publisher table back under its bounds (called with it locked: lock order
-    /// `publishers`, then `counts`).
-    fn trim_publishers(&self, publishers: &mut Publishers, keep: PeerId) {
-        if publishers.over_bounds() {
-            let counts = lock(&self.counts);
-            publishers.bound(|p| counts.per_publisher.contains_key(p), keep);
-        }
-    }
-
-    /// Counts a new record of `publisher`, unless the publisher or the whole view is at its limit.
-    pub(super) fn admit(&self, publisher: PeerId) -> Result<(), Limit> {
-        let mut counts = lock(&self.counts);
-        let Counts { per_publisher, total } = &mut *counts;
-        let count = per_publisher.entry(publisher).or_default();
-        if *count >= self.limits.per_publisher {
-            return Err(Limit::Publisher);
-        }
-        if *total >= self.limits.remote_records {
-            if *count == 0 {
-                per_publisher.remove(&publisher);
-            }
-            return Err(Limit::View);
-        }
-        *count += 1;
-        *total += 1;
-        Ok(())
-    }
-
-    /// Counts a record loaded from the store (limits apply to what arrives, not to what was kept).
-    pub(super) fn count_loaded(&self, publisher: PeerId) {
-        let mut counts = lock(&self.counts);
-        *counts.per_publisher.entry(publisher).or_default() += 1;
-        counts.total += 1;
-    }
-
-    /// Uncounts a record; true when that was the publisher's last one here.
-    pub(super) fn release(&self, publisher: PeerId) -> bool {
-        let mut counts = lock(&self.counts);
-        let Counts { per_publisher, total } = &mut *counts;
-        let Some(count) = per_publisher.get_mut(&publisher) else { return false };
-        *count = count.saturating_sub(1);
-        *total = total.saturating_sub(1);
-        if *count == 0 {
-            per_publisher.remove(&publisher);
-            return true;
-        }
-        false
-    }
-
-    /// Publishers tracked and list entries held (status and tests).
-    pub(super) fn tracked(&self) -> (usize, usize) {
-        let publishers = lock(&self.publishers);
-        (publishers.map.len(), publishers.list_entries)
-    }
-
-    /// Tombstones held (status and tests).
-    pub(super) fn tombstones(&self) -> usize {
-        lock(&self.tombstones).len()
+    pub(super) fn lock(&self) -> MutexGuard<'_, Records> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -291,9 +43,6 @@ pub struct HeartbeatOutcome {
     /// An older heartbeat that brought the list of the newest digest (fetched after `unknown_list`).
     pub list_installed: bool,
 }
-
-/// A list as it arrived: its agents and the signed messages that carried it.
-type CarriedList = (Vec<HeartbeatAgent>, Vec<Arc<[u8]>>);
 
 impl Registry {
     /// Applies a verified heartbeat of `publisher`, received at `now` (this node's clock: liveness never
@@ -328,7 +77,7 @@ impl Registry {
     }
 
     /// A heartbeat (`sent_at` set) or a fetched list (`None`) of `publisher`, naming list `digest`, and
-    /// carrying the list itself when `carried`.
+    /// carrying the list itself when `carried`: [`Records::heard`] decides, the view's entries beat.
     fn heard(
         &self,
         publisher: PeerId,
@@ -338,59 +87,17 @@ impl Registry {
         now: Millis,
     ) -> HeartbeatOutcome {
         let mut outcome = HeartbeatOutcome::default();
-        if publisher == self.me {
+        let heard = self.remote.lock().heard(publisher, sent_at, digest, carried, now);
+        outcome.replayed = heard.replayed;
+        outcome.list_installed = heard.list_installed;
+        outcome.unknown_list = heard.unknown_list;
+        if heard.replayed {
             return outcome;
         }
-        let (heard, list) = {
-            let mut publishers = lock(&self.remote.publishers);
-            let known = publishers.map.get(&publisher);
-            let newer = sent_at.is_some_and(|at| {
-                known.is_none_or(|s| at > s.heard.sent_at && s.down.is_none_or(|last_seen| at > last_seen))
-            });
-            // Only a newer heartbeat makes an entry: a replay, or a list nobody asked for, of a
-            // publisher not tracked here leaves nothing behind.
-            let state = if newer {
-                let state = publishers.map.entry(publisher).or_default();
-                state.heard = Heard { sent_at: sent_at.unwrap_or_default(), digest, at: now };
-                state.down = None;
-                state
-            } else {
-                let wanted = carried.is_some()
-                    && known.is_some_and(|s| {
-                        s.heard.at > 0
-                            && s.down.is_none()
-                            && digest == s.heard.digest
-                            && s.list.as_ref().is_none_or(|l| l.digest != digest)
-                    });
-                let Some(state) = publishers.map.get_mut(&publisher).filter(|_| wanted) else {
-                    outcome.replayed = true;
-                    return outcome;
-                };
-                outcome.list_installed = true;
-                state
-            };
-            state.touched = now;
-            if let Some(at) = sent_at {
-                self.remote.returned(state, publisher, at);
-            }
-            let heard = state.heard;
-            let list = match carried {
-                Some((agents, signed)) => {
-                    let agents = Arc::new(agents);
-                    let known = KnownList { digest, agents: agents.clone(), signed: signed.into() };
-                    publishers.set_list(publisher, Some(known));
-                    Some(agents)
-                }
-                None => state.list.as_ref().filter(|l| l.digest == digest).map(|l| l.agents.clone()),
-            };
-            self.remote.trim_publishers(&mut publishers, publisher);
-            (heard, list)
-        };
         let snapshot = self.snapshot();
-        let list = list.unwrap_or_else(|| {
+        let list = heard.list.unwrap_or_else(|| {
             // A list this node missed: the publisher is alive, so its agents held here stay fresh with
             // the states last heard until the fetched list arrives.
-            outcome.unknown_list = true;
             Arc::new(
                 snapshot
                     .entries
@@ -404,16 +111,15 @@ impl Registry {
                     .collect(),
             )
         });
+        let beats = records::beats(&list, |agent_id| snapshot.get(agent_id, &publisher).map(|e| e.seq));
         let mut changed = false;
-        for agent in list.iter() {
-            match snapshot.get(&agent.agent_id, &publisher) {
-                Some(entry) if entry.seq >= agent.seq => {
-                    changed |= entry.beat_changes_health(heard.at, agent.reported, &self.thresholds);
-                    outcome.refreshed += 1;
-                }
-                _ => outcome.missing.push((agent.agent_id.clone(), agent.seq)),
+        for (agent_id, reported) in &beats.refresh {
+            if let Some(entry) = snapshot.get(agent_id, &publisher) {
+                changed |= entry.beat_changes_health(heard.at, *reported, &self.thresholds);
             }
         }
+        outcome.refreshed = beats.refresh.len();
+        outcome.missing = beats.missing;
         if changed {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
         }
@@ -425,16 +131,8 @@ impl Registry {
     /// heartbeat sent after `last_seen` arrives. Ignored when this node heard a newer heartbeat, or the
     /// publisher is unknown here; true when it changed something.
     pub fn remote_down(&self, publisher: PeerId, last_seen: u64) -> bool {
-        if publisher == self.me {
+        if !self.remote.lock().down(publisher, last_seen) {
             return false;
-        }
-        {
-            let mut publishers = lock(&self.remote.publishers);
-            let Some(state) = publishers.map.get_mut(&publisher) else { return false };
-            if state.heard.sent_at > last_seen || state.down.is_some_and(|d| d >= last_seen) {
-                return false;
-            }
-            state.down = Some(last_seen);
         }
         let snapshot = self.snapshot();
         let mut marked = 0;
@@ -449,8 +147,7 @@ impl Registry {
 
     /// The `sent_at` of the newest heartbeat heard of `publisher`, if any.
     pub fn heard_sent_at(&self, publisher: &PeerId) -> Option<u64> {
-        let publishers = lock(&self.remote.publishers);
-        publishers.map.get(publisher).map(|s| s.heard.sent_at).filter(|&at| at > 0)
+        self.remote.lock().heard_sent_at(publisher)
     }
 
     /// The current agent list of each remote publisher of these updates, with when its newest heartbeat
@@ -459,18 +156,15 @@ impl Registry {
         &self,
         updates: &[super::Update],
     ) -> HashMap<PeerId, (Millis, Arc<Vec<HeartbeatAgent>>)> {
-        let publishers = lock(&self.remote.publishers);
+        let records = self.remote.lock();
         let mut lists = HashMap::new();
         for update in updates {
             if let super::Update::Upsert { publisher, origin: Origin::Remote, .. } = update {
                 if lists.contains_key(publisher) {
                     continue;
                 }
-                let Some(state) = publishers.map.get(publisher) else { continue };
-                if let Some(list) =
-                    state.list.as_ref().filter(|l| l.digest == state.heard.digest && state.heard.at > 0)
-                {
-                    lists.insert(*publisher, (state.heard.at, list.agents.clone()));
+                if let Some(list) = records.current_list(publisher) {
+                    lists.insert(*publisher, list);
                 }
             }
         }
@@ -479,15 +173,12 @@ impl Registry {
 
     /// The signed messages that carried `publisher`'s current agent list, for a node that missed it.
     pub fn signed_list(&self, publisher: &PeerId) -> Option<SignedList> {
-        let publishers = lock(&self.remote.publishers);
-        let state = publishers.map.get(publisher)?;
-        state.list.as_ref().filter(|l| l.digest == state.heard.digest).map(|l| l.signed.clone())
+        self.remote.lock().signed_list(publisher)
     }
 
     /// Publishers tracked, list entries and tombstones held: the bounded mesh state.
     pub fn mesh_state_size(&self) -> (usize, usize, usize) {
-        let (publishers, list_entries) = self.remote.tracked();
-        (publishers, list_entries, self.remote.tombstones())
+        self.remote.lock().sizes()
     }
 
     /// This node's agent list for its heartbeat: every local agent with its card seq and its state as
@@ -540,38 +231,20 @@ impl Registry {
             self.publish(&map);
         }
         result?;
-        let mut publishers = lock(&self.remote.publishers);
-        publishers.remove(&publisher);
-        publishers
-            .map
-            .insert(publisher, PublisherState { left: Some(seq), touched: now, ..Default::default() });
-        self.remote.trim_publishers(&mut publishers, publisher);
+        self.remote.lock().left(publisher, seq, now);
         Ok(doomed.len())
     }
 
-    /// Drops remote records not heard of for `evict_after`, and tombstones older than that.
+    /// Drops remote records not heard of for `evict_after`, then tombstones older than that and the
+    /// publishers silent since then that hold nothing here any more.
     pub async fn evict(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
-        let evicted = self.evict_records(now, evict_after).await?;
-        // Then the publishers not heard of since the horizon that hold nothing here any more.
         let horizon = now.saturating_sub(evict_after.as_millis() as u64);
-        let mut publishers = lock(&self.remote.publishers);
-        let counts = lock(&self.remote.counts);
-        let silent: Vec<PeerId> = publishers
-            .map
-            .iter()
-            .filter(|(p, s)| s.touched < horizon && !counts.per_publisher.contains_key(p))
-            .map(|(p, _)| *p)
-            .collect();
-        drop(counts);
-        for publisher in &silent {
-            publishers.remove(publisher);
-        }
+        let evicted = self.evict_records(horizon).await?;
+        self.remote.lock().evict(horizon);
         Ok(evicted)
     }
 
-    async fn evict_records(&self, now: Millis, evict_after: Duration) -> Result<usize, RegistryError> {
-        let horizon = now.saturating_sub(evict_after.as_millis() as u64);
-        lock(&self.remote.tombstones).retain(|_, &mut (_, at)| at >= horizon);
+    async fn evict_records(&self, horizon: Millis) -> Result<usize, RegistryError> {
         let snapshot = self.snapshot();
         let stale: Vec<(RecordKey, u64)> = snapshot
             .entries
@@ -641,6 +314,7 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::card::AgentCard;
+    use crate::defaults::{LIST_ENTRIES_PER_RECORD, MAX_TRACKED_PUBLISHERS};
     use crate::registry::health::Thresholds;
     use crate::registry::{Applied, Liveness, Update};
     use crate::wire::{self, CardBody};
@@ -913,7 +587,7 @@ mod tests {
         for i in 0..MAX_TRACKED_PUBLISHERS + 500 {
             let now = 2 + i as u64;
             r.remote_heartbeat(PeerId::random(), &beat(1, ghosts.clone()), b"ghost", now);
-            let (publishers, list_entries) = r.remote.tracked();
+            let (publishers, list_entries, _) = r.mesh_state_size();
             assert!(publishers <= MAX_TRACKED_PUBLISHERS);
             assert!(list_entries <= LIST_ENTRIES_PER_RECORD * SMALL.remote_records);
         }
@@ -924,20 +598,7 @@ mod tests {
         );
         // Eviction forgets the silent publishers that hold nothing here.
         r.evict(1_000_000, Duration::from_secs(60)).await.unwrap();
-        assert_eq!(r.remote.tracked().0, 0, "the honest one was silent too, and evicted with its record");
-    }
-
-    #[test]
-    fn tombstones_are_bounded_oldest_first() {
-        let state = RemoteState::new(Limits::default());
-        let publisher = PeerId::random();
-        let key = |i: usize| RecordKey { agent_id: format!("a{i}"), publisher };
-        for i in 0..MAX_TOMBSTONES + 10 {
-            state.remember_tombstone(key(i), 1, i as u64);
-        }
-        assert!(state.tombstones() <= MAX_TOMBSTONES);
-        assert!(!state.outranks_tombstone(&key(MAX_TOMBSTONES + 9), 1), "the newest is kept");
-        assert!(state.outranks_tombstone(&key(0), 1), "the oldest went");
+        assert_eq!(r.mesh_state_size().0, 0, "the honest one was silent too, and evicted with its record");
     }
 
     #[tokio::test]

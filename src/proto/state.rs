@@ -1,0 +1,451 @@
+//! One node's mesh protocol as a state machine: [`State::handle`] takes what happened (a connection, a
+//! sync answer, what ingest made of a message, a timer) at time `now` and returns what to do (requests
+//! to send, peers to redial, ban or declare down). It owns the sync questions in flight, the fetch
+//! claims, the failure detector and the ban list; the view it reconciles is given to it as an
+//! [`Index`] whenever the view changes.
+//!
+//! The daemon's mesh task (`net`) feeds it swarm events and carries out its actions; the simulator
+//! (`simulations/sim.rs`) runs the very same state machine on a virtual network.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use libp2p::identity::PeerId;
+use rand::rngs::StdRng;
+use rand::seq::IteratorRandom;
+use rand::SeedableRng;
+
+use super::bans::BanList;
+use super::fetch::Fetches;
+use super::membership::{self, Membership, Reach};
+use super::reconcile::{Index, RecordId};
+use crate::clock::Millis;
+use crate::defaults::{MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
+
+/// A question to a peer over the sync protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// A reconciliation frame: answered with the next one.
+    Reconcile(Vec<u8>),
+    /// These records, by id (at most `FETCH_BATCH`).
+    Fetch(Vec<RecordId>),
+    /// This publisher's newest heartbeat and current agent list.
+    List(PeerId),
+    /// Whether the peer reaches this one (failure detection).
+    Reach(PeerId),
+}
+
+/// A question's number, unique per [`State`].
+pub type RequestId = u64;
+
+/// What happened.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The view changed: its reconciliation index as it is now.
+    View(Arc<Index>),
+    /// A first connection to `peer`.
+    Connected(PeerId),
+    /// The last connection to `peer` closed. `watched`: this node follows `peer`'s heartbeats, so its
+    /// death matters here.
+    Closed { peer: PeerId, watched: bool },
+    /// A dial of `peer` failed.
+    DialFailed(PeerId),
+    /// A peer answered question `id`: with a reconciliation frame, or whether it reaches a peer (cards
+    /// in an answer go to ingest, which reports them as `Settled`).
+    Answered { id: RequestId, frame: Option<Vec<u8>>, reach: Option<Reach> },
+    /// Question `id` got no answer (the connection went, a timeout, an error).
+    Failed { id: RequestId },
+    /// A heartbeat relayed by `from` names records of `publisher` this node lacks.
+    Missing { from: PeerId, publisher: PeerId, ids: Vec<RecordId> },
+    /// A heartbeat relayed by `from` names an agent list of `publisher` this node does not hold.
+    ListUnknown { from: PeerId, publisher: PeerId },
+    /// These fetched records were applied or refused: no longer being fetched.
+    Settled(Vec<RecordId>),
+    /// `peer` sent `count` messages that verification refused.
+    Refused { peer: PeerId, count: u32 },
+    /// Time for an anti-entropy round with one random peer (every `SYNC_INTERVAL`).
+    SyncTimer,
+    /// Time to check suspicions and lapse old claims and bans (every `DETECT_TICK`).
+    Tick,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Ask `peer` this; report the outcome as `Answered` or `Failed` with `id`.
+    Send { peer: PeerId, id: RequestId, request: Request },
+    /// Dial `peer` again (a suspect: a failed dial is evidence that it is gone).
+    Redial(PeerId),
+    /// `peer` is down: announce it, and apply it here.
+    Declare(PeerId),
+    /// `peer` sent too much that verification refused: disconnect it and refuse it until `Unban`.
+    Ban(PeerId),
+    /// `peer`'s ban ended.
+    Unban(PeerId),
+    /// `peer` is banned: close the connection it just made.
+    Refuse(PeerId),
+}
+
+/// What a question in flight was for.
+#[derive(Debug, Clone)]
+enum Asked {
+    Reconcile,
+    Fetch(Vec<RecordId>),
+    List,
+    Reach(PeerId),
+}
+
+/// Settings of the state machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// How often a publisher's list may be fetched (the heartbeat interval).
+    pub list_refetch: Millis,
+}
+
+/// One node's mesh protocol state.
+pub struct State {
+    config: Config,
+    index: Arc<Index>,
+    connected: BTreeSet<PeerId>,
+    /// Questions awaiting their answer, and what each asked (at most `MAX_SYNC_IN_FLIGHT`).
+    asked: HashMap<RequestId, (PeerId, Asked)>,
+    next_id: RequestId,
+    /// Records being fetched, each of one peer at a time.
+    fetches: Fetches,
+    /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
+    list_fetches: HashMap<PeerId, Millis>,
+    bans: BanList,
+    membership: Membership,
+    rng: StdRng,
+}
+
+impl State {
+    /// A node's protocol state; `seed` draws its probe helpers and sync partners.
+    pub fn new(config: Config, seed: u64) -> Self {
+        Self {
+            config,
+            index: Arc::new(Index::build(std::iter::empty())),
+            connected: BTreeSet::new(),
+            asked: HashMap::new(),
+            next_id: 0,
+            fetches: Fetches::default(),
+            list_fetches: HashMap::new(),
+            bans: BanList::default(),
+            membership: Membership::default(),
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// The reconciliation index last given.
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// Whether `peer` is banned at `now`.
+    pub fn is_banned(&self, peer: &PeerId, now: Millis) -> bool {
+        self.bans.is_banned(peer, now)
+    }
+
+    /// Peers banned at `now`.
+    pub fn banned(&self, now: Millis) -> usize {
+        self.bans.banned(now)
+    }
+
+    /// Questions awaiting their answer.
+    pub fn in_flight(&self) -> usize {
+        self.asked.len()
+    }
+
+    pub fn handle(&mut self, event: Event, now: Millis) -> Vec<Action> {
+        let mut out = Vec::new();
+        match event {
+            Event::View(index) => self.index = index,
+            Event::Connected(peer) => {
+                if self.bans.is_banned(&peer, now) {
+                    out.push(Action::Refuse(peer));
+                    return out;
+                }
+                self.connected.insert(peer);
+                self.membership.connected(peer);
+                self.start_sync(peer, &mut out);
+                // Its newest heartbeat and list at once: its agents are alive as their cards land,
+                // without waiting for its next heartbeat to reach this node by gossip.
+                self.send(peer, Request::List(peer), Asked::List, &mut out);
+            }
+            Event::Closed { peer, watched } => {
+                self.connected.remove(&peer);
+                if !self.bans.is_banned(&peer, now) {
+                    let actions = self.membership.closed(peer, watched, now, &mut self.rng);
+                    self.detector(actions, &mut out);
+                }
+            }
+            Event::DialFailed(peer) => {
+                let actions = self.membership.dial_failed(peer);
+                self.detector(actions, &mut out);
+            }
+            Event::Answered { id, frame, reach } => self.answered(id, frame, reach, now, &mut out),
+            Event::Failed { id } => match self.asked.remove(&id) {
+                Some((_, Asked::Fetch(ids))) => self.fetches.failed(&ids),
+                Some((_, Asked::Reach(target))) => {
+                    let actions = self.membership.probe_failed(target);
+                    self.detector(actions, &mut out);
+                }
+                _ => {}
+            },
+            Event::Missing { from, publisher, ids } => {
+                let peer = self.ask_for(publisher, from);
+                self.fetch(peer, ids, now, &mut out);
+            }
+            Event::ListUnknown { from, publisher } => {
+                let due = self.list_fetches.get(&publisher).is_none_or(|&at| now >= at);
+                if due && self.list_fetches.len() < MAX_LIST_FETCHES {
+                    // At most one fetch per publisher per heartbeat interval; the sender accepted the
+                    // heartbeat, so it most likely holds the list.
+                    self.list_fetches.insert(publisher, now + self.config.list_refetch);
+                    let peer = self.ask_for(publisher, from);
+                    self.send(peer, Request::List(publisher), Asked::List, &mut out);
+                }
+            }
+            Event::Settled(ids) => self.fetches.failed(&ids),
+            Event::Refused { peer, count } => {
+                if self.bans.strike(peer, count, now) {
+                    self.connected.remove(&peer);
+                    out.push(Action::Ban(peer));
+                }
+            }
+            Event::SyncTimer => {
+                if let Some(peer) = self.connected.iter().copied().choose(&mut self.rng) {
+                    self.start_sync(peer, &mut out);
+                }
+            }
+            Event::Tick => {
+                let actions = self.membership.tick(now);
+                self.detector(actions, &mut out);
+                self.fetches.expire(now);
+                self.list_fetches.retain(|_, &mut at| at > now);
+                out.extend(self.bans.expire(now).into_iter().map(Action::Unban));
+            }
+        }
+        out
+    }
+
+    /// This node's answer to a reconciliation frame of a peer's.
+    pub fn respond(&self, frame: &[u8]) -> Option<Vec<u8>> {
+        match self.index.respond(frame) {
+            Ok(reply) => Some(reply),
+            Err(error) => {
+                tracing::debug!(%error, "reconciliation frame refused");
+                None
+            }
+        }
+    }
+
+    /// This node's answer to a peer asking whether it reaches `target`.
+    pub fn reach(&self, target: &PeerId, now: Millis) -> Reach {
+        self.membership.reach(target, now)
+    }
+
+    fn answered(
+        &mut self,
+        id: RequestId,
+        frame: Option<Vec<u8>>,
+        reach: Option<Reach>,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) {
+        let Some((peer, asked)) = self.asked.remove(&id) else { return };
+        match asked {
+            Asked::Fetch(ids) => self.fetches.answered(&ids, now),
+            Asked::Reach(target) => {
+                let actions = self.membership.answer(target, reach.unwrap_or(Reach::Unknown));
+                self.detector(actions, out);
+            }
+            Asked::Reconcile => {
+                let Some(frame) = frame else { return };
+                match self.index.step(&frame) {
+                    Ok(step) => {
+                        if let Some(next) = step.next {
+                            self.send(peer, Request::Reconcile(next), Asked::Reconcile, out);
+                        }
+                        if !step.need.is_empty() {
+                            tracing::debug!(%peer, need = step.need.len(), have = step.have, "reconciled");
+                            self.fetch(peer, step.need, now, out);
+                        }
+                    }
+                    Err(error) => tracing::debug!(%peer, %error, "reconciliation frame refused"),
+                }
+            }
+            Asked::List => {}
+        }
+    }
+
+    /// Starts an anti-entropy round with `peer`: reconciliation first, then fetches of what it shows.
+    fn start_sync(&mut self, peer: PeerId, out: &mut Vec<Action>) {
+        match self.index.initiate() {
+            Ok(frame) => {
+                self.send(peer, Request::Reconcile(frame), Asked::Reconcile, out);
+            }
+            Err(error) => tracing::warn!(%error, "cannot start a reconciliation"),
+        }
+    }
+
+    /// Asks `peer` for the records `ids` names that nobody is fetching yet, in pipelined requests.
+    fn fetch(&mut self, peer: PeerId, ids: Vec<RecordId>, now: Millis, out: &mut Vec<Action>) {
+        for batch in self.fetches.claim(ids, now) {
+            if !self.send(peer, Request::Fetch(batch.clone()), Asked::Fetch(batch.clone()), out) {
+                // Not sent: free the claims for the next round.
+                self.fetches.failed(&batch);
+            }
+        }
+    }
+
+    /// Sends a question unless `MAX_SYNC_IN_FLIGHT` are already awaiting answers (the work is then
+    /// picked up again by the next heartbeat or sync round); false if not sent.
+    fn send(&mut self, peer: PeerId, request: Request, asked: Asked, out: &mut Vec<Action>) -> bool {
+        if self.asked.len() >= MAX_SYNC_IN_FLIGHT {
+            tracing::debug!(%peer, "sync request not sent: too many in flight");
+            return false;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.asked.insert(id, (peer, asked));
+        out.push(Action::Send { peer, id, request });
+        true
+    }
+
+    /// Whom to ask for a publisher's records: the publisher itself when connected (it surely holds its
+    /// newest), else the peer that relayed what named them.
+    fn ask_for(&self, publisher: PeerId, relay: PeerId) -> PeerId {
+        if self.connected.contains(&publisher) {
+            publisher
+        } else {
+            relay
+        }
+    }
+
+    /// Carries the failure detector's decisions into actions: probes become `Reach` questions.
+    fn detector(&mut self, actions: Vec<membership::Action>, out: &mut Vec<Action>) {
+        for action in actions {
+            match action {
+                membership::Action::Probe { helper, target } => {
+                    if !self.send(helper, Request::Reach(target), Asked::Reach(target), out) {
+                        let more = self.membership.probe_failed(target);
+                        self.detector(more, out);
+                    }
+                }
+                membership::Action::Redial(peer) => out.push(Action::Redial(peer)),
+                membership::Action::Declare(peer) => out.push(Action::Declare(peer)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::reconcile::record_id;
+
+    const CONFIG: Config = Config { list_refetch: 2_000 };
+
+    fn index(records: &[(PeerId, &str, u64)]) -> Arc<Index> {
+        Arc::new(Index::build(records.iter().map(|(p, a, s)| (*p, (*a).to_owned(), *s))))
+    }
+
+    fn sends(actions: &[Action]) -> Vec<(PeerId, RequestId, Request)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { peer, id, request } => Some((*peer, *id, request.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Two state machines reconcile through their actions alone, and the one missing records fetches
+    /// exactly those, of one peer.
+    #[test]
+    fn a_connection_reconciles_and_fetches_what_is_missing() {
+        let (b, p) = (PeerId::random(), PeerId::random());
+        let mut sa = State::new(CONFIG, 1);
+        let mut sb = State::new(CONFIG, 2);
+        let all: Vec<(PeerId, &str, u64)> = vec![(p, "x", 1), (p, "y", 2), (p, "z", 3)];
+        sa.handle(Event::View(index(&all[..1])), 0);
+        sb.handle(Event::View(index(&all)), 0);
+        let first = sends(&sa.handle(Event::Connected(b), 0));
+        assert!(matches!(first[0].2, Request::Reconcile(_)));
+        assert_eq!(first[1].2, Request::List(b));
+        let mut pending = vec![first[0].clone()];
+        let mut fetched = Vec::new();
+        while let Some((peer, id, request)) = pending.pop() {
+            assert_eq!(peer, b);
+            match request {
+                Request::Reconcile(frame) => {
+                    let reply = sb.respond(&frame).unwrap();
+                    let actions = sa.handle(Event::Answered { id, frame: Some(reply), reach: None }, 10);
+                    pending.extend(sends(&actions));
+                }
+                Request::Fetch(ids) => fetched.extend(ids),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let mut want = vec![record_id(&p, "y", 2), record_id(&p, "z", 3)];
+        want.sort();
+        fetched.sort();
+        assert_eq!(fetched, want);
+        // The same records shown missing by a heartbeat are not fetched twice.
+        let again = sa.handle(Event::Missing { from: b, publisher: p, ids: want.clone() }, 20);
+        assert!(sends(&again).is_empty());
+    }
+
+    #[test]
+    fn a_closed_peer_is_declared_only_with_evidence() {
+        let (h1, dead) = (PeerId::random(), PeerId::random());
+        let mut s = State::new(CONFIG, 3);
+        s.handle(Event::Connected(h1), 0);
+        s.handle(Event::Connected(dead), 0);
+        let actions = s.handle(Event::Closed { peer: dead, watched: true }, 100);
+        let probe = sends(&actions).into_iter().find(|(_, _, r)| *r == Request::Reach(dead)).unwrap();
+        assert_eq!(probe.0, h1);
+        assert!(actions.contains(&Action::Redial(dead)));
+        // The helper lost it too, and the redial failed: declared.
+        let actions = s.handle(Event::Answered { id: probe.1, frame: None, reach: Some(Reach::Lost) }, 150);
+        let actions = [actions, s.handle(Event::DialFailed(dead), 160)].concat();
+        assert!(actions.contains(&Action::Declare(dead)));
+        // A peer whose helper still reaches it is not.
+        let other = PeerId::random();
+        s.handle(Event::Connected(other), 200);
+        let actions = s.handle(Event::Closed { peer: other, watched: true }, 300);
+        let probe = sends(&actions).into_iter().find(|(_, _, r)| *r == Request::Reach(other)).unwrap();
+        let actions =
+            s.handle(Event::Answered { id: probe.1, frame: None, reach: Some(Reach::Reached) }, 310);
+        let later = s.handle(Event::Tick, 5_000);
+        assert!(!actions.contains(&Action::Declare(other)) && !later.contains(&Action::Declare(other)));
+    }
+
+    #[test]
+    fn strikes_ban_and_bans_end() {
+        let bad = PeerId::random();
+        let mut s = State::new(CONFIG, 4);
+        s.handle(Event::Connected(bad), 0);
+        let actions = s.handle(Event::Refused { peer: bad, count: 1_000 }, 10);
+        assert_eq!(actions, vec![Action::Ban(bad)]);
+        assert_eq!(s.handle(Event::Connected(bad), 20), vec![Action::Refuse(bad)]);
+        let end = 10 + crate::defaults::BAN_FOR.as_millis() as Millis + 1;
+        assert!(s.handle(Event::Tick, end).contains(&Action::Unban(bad)));
+    }
+
+    #[test]
+    fn questions_in_flight_are_bounded() {
+        let peer = PeerId::random();
+        let mut s = State::new(CONFIG, 5);
+        s.handle(Event::Connected(peer), 0);
+        let ids: Vec<RecordId> = (0..100_000u64).map(|i| record_id(&peer, "a", i)).collect();
+        let actions = s.handle(Event::Missing { from: peer, publisher: peer, ids }, 0);
+        assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT);
+        assert_eq!(sends(&actions).len(), MAX_SYNC_IN_FLIGHT - 2);
+        // Answers free room for the next round.
+        let (_, id, _) = sends(&actions)[0].clone();
+        s.handle(Event::Answered { id, frame: None, reach: None }, 1);
+        assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT - 1);
+    }
+}

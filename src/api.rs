@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod metrics;
 pub mod render;
+pub mod search;
 pub mod server;
 
 use std::net::SocketAddr;
@@ -37,6 +38,8 @@ use error::ApiError;
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub cache: Arc<discovery::ResponseCache>,
+    /// The capability search index, kept in step with the registry's view.
+    pub search: Arc<crate::search::Engine>,
     pub metrics: Arc<metrics::DiscoveryMetrics>,
     /// Registry change events for watch streams.
     pub watch: Arc<crate::watch::Watch>,
@@ -66,6 +69,7 @@ impl AppState {
         Self {
             registry,
             cache: Arc::default(),
+            search: Arc::default(),
             metrics: Arc::default(),
             watch,
             watchers: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHERS)),
@@ -103,6 +107,9 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/discovery/capabilities", get(discovery::capabilities))
+        .route("/api/v1/discovery/search", get(search::search))
+        .route("/api/v1/discovery/context", get(search::context))
+        .route("/api/v1/discovery/tool", get(search::tool))
         .route("/api/v1/discovery/events", get(events::events))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))

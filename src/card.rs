@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::defaults::{
-    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_SHORT_TEXT, MAX_TAGS, MAX_TAG_LEN,
-    MAX_URL_LEN,
+    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_REQUIRES, MAX_SHORT_TEXT, MAX_TAGS,
+    MAX_TAG_LEN, MAX_TARGET_LEN, MAX_URL_LEN,
 };
 
 /// Why a card was refused. `field` is a path into the card (`reasoners[2].id`).
@@ -94,6 +94,10 @@ pub struct AgentCard {
     pub deployment_type: String,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// A short lower-case word (`weather`) that groups the agent's capabilities in search and in the
+    /// context tiers; a capability without its own inherits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
     #[serde(default)]
     pub reasoners: Vec<Capability>,
     #[serde(default)]
@@ -141,6 +145,18 @@ pub struct Capability {
     pub output_schema: Option<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub examples: Vec<Box<RawValue>>,
+    /// The capability's own category; none: the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// What it depends on: targets (`agent_id:kind:id`), bare capability ids or tool names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<String>,
+    /// Names of the secrets it needs to run (names only, never values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_secrets: Vec<String>,
+    /// Whether calling it changes something outside (sends, writes, pays, deletes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub has_side_effects: bool,
 }
 
 fn default_version() -> String {
@@ -200,6 +216,9 @@ impl AgentCard {
         check_text("deployment_type", &self.deployment_type, MAX_SHORT_TEXT)?;
         check_url("base_url", &self.base_url)?;
         check_tags("tags", &self.tags)?;
+        if let Some(category) = &self.category {
+            check_category("category", category)?;
+        }
         check_modes("input_modes", &self.input_modes)?;
         check_modes("output_modes", &self.output_modes)?;
         if self.interfaces.len() > MAX_INTERFACES {
@@ -340,6 +359,17 @@ impl Capability {
             check_text(&format!("{at}.name"), name, MAX_SHORT_TEXT)?;
         }
         check_tags(&format!("{at}.tags"), &self.tags)?;
+        if let Some(category) = &self.category {
+            check_category(&format!("{at}.category"), category)?;
+        }
+        check_names(&format!("{at}.requires"), &self.requires, MAX_REQUIRES, MAX_TARGET_LEN, ":")?;
+        check_names(
+            &format!("{at}.required_secrets"),
+            &self.required_secrets,
+            MAX_REQUIRES,
+            MAX_TAG_LEN,
+            "",
+        )?;
         for (slot, name) in [(&self.input_schema, "input_schema"), (&self.output_schema, "output_schema")] {
             if let Some(raw) = slot {
                 if !raw.get().starts_with('{') {
@@ -411,6 +441,41 @@ fn check_tags(field: &str, tags: &[String]) -> Result<(), CardError> {
             return Err(CardError::invalid(
                 format!("{field}[{i}]"),
                 "control characters and ',' are not allowed",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A category is a short word: lower-case letters, digits, `_` and `-`, at most `MAX_TAG_LEN` bytes.
+fn check_category(field: &str, category: &str) -> Result<(), CardError> {
+    let ok = !category.is_empty()
+        && category.len() <= MAX_TAG_LEN
+        && category.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(CardError::invalid(
+            field,
+            format!("must be 1 to {MAX_TAG_LEN} bytes of a-z 0-9 _ - (a short lower-case word)"),
+        ))
+    }
+}
+
+/// A list of names (`requires`, `required_secrets`): at most `max` entries of 1 to `len` bytes, in the
+/// id charset plus `extra`.
+fn check_names(field: &str, names: &[String], max: usize, len: usize, extra: &str) -> Result<(), CardError> {
+    if names.len() > max {
+        return Err(CardError::invalid(field, format!("more than {max} entries")));
+    }
+    for (i, name) in names.iter().enumerate() {
+        let ok = !name.is_empty()
+            && name.len() <= len
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c) || extra.contains(c));
+        if !ok {
+            return Err(CardError::invalid(
+                format!("{field}[{i}]"),
+                format!("must be 1 to {len} bytes of A-Z a-z 0-9 _ - .{extra}"),
             ));
         }
     }

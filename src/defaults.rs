@@ -47,6 +47,10 @@ pub const MAX_TAG_LEN: usize = 64;
 pub const MAX_TAGS: usize = 32;
 /// Most reasoners plus skills on one card.
 pub const MAX_CAPABILITIES: usize = 256;
+/// Most entries in one capability's `requires` or `required_secrets`.
+pub const MAX_REQUIRES: usize = 32;
+/// Longest entry of `requires`: a target `agent_id:kind:id` (two ids and a kind).
+pub const MAX_TARGET_LEN: usize = 2 * MAX_ID_LEN + 16;
 /// Longest short text field (name, version, deployment type).
 pub const MAX_SHORT_TEXT: usize = 256;
 /// Longest URL.

@@ -43,6 +43,7 @@ pub mod probe;
 pub mod proto;
 pub mod query;
 pub mod registry;
+pub mod search;
 pub mod tasks;
 pub mod watch;
 pub mod wire;

@@ -254,6 +254,15 @@ impl Query {
         )
     }
 
+    /// Whether one capability passes the filters other than health: the agent id allow-list, its
+    /// kind's id pattern and the tag patterns.
+    pub fn admits(&self, agent_id: &str, reasoner: bool, cap: &CapIndex<'_>) -> bool {
+        let pattern = if reasoner { &self.reasoner } else { &self.skill };
+        (self.ids.is_empty() || self.ids.contains(agent_id))
+            && pattern.as_ref().is_none_or(|p| p.matches(cap.id))
+            && self.tags_match(cap.tags.clone())
+    }
+
     /// Does a capability survive the tag filter?
     fn tags_match<'t>(&self, mut tags: impl Iterator<Item = &'t str>) -> bool {
         self.tags.is_empty() || tags.any(|t| self.tags.iter().any(|p| p.matches(t)))

@@ -40,6 +40,8 @@ struct Registration {
     #[serde(default)]
     skills: Option<Vec<SdkCapability>>,
     #[serde(default)]
+    category: Option<String>,
+    #[serde(default)]
     metadata: Option<Value>,
 }
 
@@ -58,6 +60,14 @@ struct SdkCapability {
     output_schema: Option<Value>,
     #[serde(default)]
     examples: Option<Vec<Value>>,
+    #[serde(default)]
+    category: Option<String>,
+    #[serde(default)]
+    requires: Option<Vec<String>>,
+    #[serde(default)]
+    required_secrets: Option<Vec<String>>,
+    #[serde(default)]
+    has_side_effects: Option<bool>,
 }
 
 impl SdkCapability {
@@ -72,6 +82,10 @@ impl SdkCapability {
             input_schema: schema(self.input_schema),
             output_schema: schema(self.output_schema),
             examples: self.examples.unwrap_or_default().iter().map(to_raw).collect(),
+            category: self.category,
+            requires: self.requires.unwrap_or_default(),
+            required_secrets: self.required_secrets.unwrap_or_default(),
+            has_side_effects: self.has_side_effects.unwrap_or(false),
         }
     }
 }
@@ -97,6 +111,7 @@ impl Registration {
                 .filter(|d| !d.is_empty())
                 .unwrap_or_else(|| "long_running".to_owned()),
             tags,
+            category: self.category.or_else(|| text("category")),
             reasoners: self
                 .reasoners
                 .unwrap_or_default()

@@ -161,7 +161,7 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
 
 /// Runs CPU-bound work without starving the multi-threaded runtime (`block_in_place`); inline on a
 /// current-thread runtime, where there is no other worker to hand tasks to.
-fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+pub(crate) fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::current().runtime_flavor() {
         tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(work),
         _ => work(),

@@ -103,7 +103,10 @@ pub fn view(card: &AgentCard) -> Option<Value> {
             details.insert(
                 id,
                 json!({"kind": kind, "id": cap.id, "tags": cap.tags,
-                "input_schema": cap.input_schema, "output_schema": cap.output_schema}),
+                "input_schema": cap.input_schema, "output_schema": cap.output_schema,
+                "category": cap.category, "requires": cap.requires,
+                "required_secrets": cap.required_secrets,
+                "has_side_effects": cap.has_side_effects.then_some(true)}),
             );
         }
     }
@@ -129,7 +132,8 @@ pub fn view(card: &AgentCard) -> Option<Value> {
             "uri": EXTENSION_URI,
             "description": "agentmesh: agent id, reasoners, input and output JSON schemas",
             "params": {"agent_id": card.agent_id, "base_url": card.base_url,
-                "deployment_type": card.deployment_type, "tags": card.tags, "skills": details},
+                "deployment_type": card.deployment_type, "tags": card.tags,
+                "category": card.category, "skills": details},
         }]},
         "defaultInputModes": card.input_modes,
         "defaultOutputModes": card.output_modes,
@@ -364,6 +368,7 @@ pub fn from_a2a(value: Value) -> Result<AgentCard, CardError> {
         version: if input.version.is_empty() { "0.0.0".into() } else { input.version },
         deployment_type: text("deployment_type").unwrap_or_else(|| "long_running".into()),
         tags: string_list(ext.get("tags")),
+        category: text("category"),
         input_modes: non_empty_or_json(input.default_input_modes),
         output_modes: non_empty_or_json(input.default_output_modes),
         interfaces: if derived_interface { Vec::new() } else { interfaces },
@@ -408,6 +413,10 @@ fn capability(skill: InSkill, detail: Option<&Value>) -> (&'static str, Capabili
         .collect();
     let schema = |key: &str| field(key).filter(|v| v.is_object()).map(to_raw);
     let cap = Capability {
+        category: field("category").and_then(Value::as_str).map(str::to_owned),
+        requires: string_list(field("requires")),
+        required_secrets: string_list(field("required_secrets")),
+        has_side_effects: field("has_side_effects").and_then(Value::as_bool).unwrap_or(false),
         input_schema: schema("input_schema"),
         output_schema: schema("output_schema"),
         id,

@@ -176,6 +176,8 @@ pub struct CardRef<'a> {
     #[serde(borrow, default)]
     pub tags: Vec<Cow<'a, str>>,
     #[serde(borrow, default)]
+    pub category: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     pub reasoners: Vec<CapRef<'a>>,
     #[serde(borrow, default)]
     pub skills: Vec<CapRef<'a>>,
@@ -201,6 +203,21 @@ pub struct CapRef<'a> {
     pub output_schema: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub examples: Vec<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub category: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub requires: Vec<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub required_secrets: Vec<Cow<'a, str>>,
+    #[serde(default)]
+    pub has_side_effects: bool,
+}
+
+impl<'a> CapRef<'a> {
+    /// The capability's category, or its agent's when it has none of its own.
+    pub fn category_in<'b>(&'b self, card: &'b CardRef<'a>) -> Option<&'b str> {
+        self.category.as_deref().or(card.category.as_deref())
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ struct Agent<'a> {
     version: &'a str,
     health_status: &'static str,
     deployment_type: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
     last_heartbeat: String,
     reasoners: Vec<Cap<'a>>,
     skills: Vec<Cap<'a>>,
@@ -57,6 +59,14 @@ struct Cap<'a> {
     output_schema: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     examples: Option<&'a [&'a RawValue]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    requires: &'a [Cow<'a, str>],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    required_secrets: &'a [Cow<'a, str>],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    has_side_effects: bool,
     invocation_target: String,
 }
 
@@ -69,8 +79,12 @@ struct Include {
     examples: bool,
 }
 
-fn cap<'a>(c: &'a CapRef<'a>, target: String, inc: Include) -> Cap<'a> {
+fn cap<'a>(c: &'a CapRef<'a>, card: &'a CardRef<'a>, target: String, inc: Include) -> Cap<'a> {
     Cap {
+        category: c.category_in(card),
+        requires: &c.requires,
+        required_secrets: &c.required_secrets,
+        has_side_effects: c.has_side_effects,
         id: &c.id,
         description: c.description.as_deref().filter(|_| inc.descriptions),
         tags: &c.tags,
@@ -93,7 +107,7 @@ fn agent<'a>(hit: &'a Hit<'a>, card: &'a CardRef<'a>, q: &Query) -> Agent<'a> {
     let pick = |list: &'a [CapRef<'a>], at: &'a [usize], target: fn(&str, &str) -> String, inc: Include| {
         at.iter()
             .filter_map(|&i| list.get(i))
-            .map(|c| cap(c, target(&card.agent_id, &c.id), inc))
+            .map(|c| cap(c, card, target(&card.agent_id, &c.id), inc))
             .collect::<Vec<_>>()
     };
     Agent {
@@ -102,6 +116,7 @@ fn agent<'a>(hit: &'a Hit<'a>, card: &'a CardRef<'a>, q: &Query) -> Agent<'a> {
         version: &card.version,
         health_status: hit.health.as_str(),
         deployment_type: &card.deployment_type,
+        category: card.category.as_deref(),
         last_heartbeat: rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at)),
         reasoners: pick(&card.reasoners, &hit.reasoners, reasoner_target, for_reasoners),
         skills: pick(&card.skills, &hit.skills, skill_target, for_skills),

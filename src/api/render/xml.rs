@@ -11,7 +11,7 @@ use quick_xml::Writer;
 use serde_json::Value;
 
 use super::{reasoner_target, skill_target};
-use crate::card::held::CapRef;
+use crate::card::held::{CapRef, CardRef};
 use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
@@ -101,33 +101,49 @@ fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
     let e = hit.entry;
     let card = e.card.view();
     let last = rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at));
-    x.start(
-        "agent",
-        &[
-            ("id", &card.agent_id),
-            ("base_url", &card.base_url),
-            ("version", &card.version),
-            ("health_status", hit.health.as_str()),
-            ("deployment_type", &card.deployment_type),
-            ("last_heartbeat", &last),
-            ("publisher", &e.publisher_name),
-        ],
-    );
+    let mut attrs: Vec<(&str, &str)> = vec![
+        ("id", &card.agent_id),
+        ("base_url", &card.base_url),
+        ("version", &card.version),
+        ("health_status", hit.health.as_str()),
+        ("deployment_type", &card.deployment_type),
+        ("last_heartbeat", &last),
+        ("publisher", &e.publisher_name),
+    ];
+    if let Some(category) = card.category.as_deref() {
+        attrs.push(("category", category));
+    }
+    x.start("agent", &attrs);
     x.start("reasoners", &[]);
     for c in hit.reasoners.iter().filter_map(|&i| card.reasoners.get(i)) {
-        capability(x, "reasoner", c, &reasoner_target(&card.agent_id, &c.id), q, true);
+        capability(x, "reasoner", c, &card, &reasoner_target(&card.agent_id, &c.id), q, true);
     }
     x.end("reasoners");
     x.start("skills", &[]);
     for c in hit.skills.iter().filter_map(|&i| card.skills.get(i)) {
-        capability(x, "skill", c, &skill_target(&card.agent_id, &c.id), q, false);
+        capability(x, "skill", c, &card, &skill_target(&card.agent_id, &c.id), q, false);
     }
     x.end("skills");
     x.end("agent");
 }
 
-fn capability(x: &mut Xml, name: &str, c: &CapRef<'_>, target: &str, q: &Query, is_reasoner: bool) {
-    x.start(name, &[("id", &c.id), ("target", target)]);
+fn capability(
+    x: &mut Xml,
+    name: &str,
+    c: &CapRef<'_>,
+    card: &CardRef<'_>,
+    target: &str,
+    q: &Query,
+    is_reasoner: bool,
+) {
+    let mut attrs: Vec<(&str, &str)> = vec![("id", &c.id), ("target", target)];
+    if let Some(category) = c.category_in(card) {
+        attrs.push(("category", category));
+    }
+    if c.has_side_effects {
+        attrs.push(("has_side_effects", "true"));
+    }
+    x.start(name, &attrs);
     if q.include_descriptions {
         if let Some(d) = &c.description {
             x.text_element("description", d);
@@ -138,6 +154,17 @@ fn capability(x: &mut Xml, name: &str, c: &CapRef<'_>, target: &str, q: &Query, 
         x.text_element("tag", t);
     }
     x.end("tags");
+    for (list, outer, inner) in
+        [(&c.requires, "requires", "target"), (&c.required_secrets, "required_secrets", "secret")]
+    {
+        if !list.is_empty() {
+            x.start(outer, &[]);
+            for item in list {
+                x.text_element(inner, item);
+            }
+            x.end(outer);
+        }
+    }
     if q.include_input_schema {
         schema(x, "input_schema", c.input_schema);
     }

@@ -1,0 +1,293 @@
+//! Capability search for LLM agents: `GET /api/v1/discovery/search` (ranked results),
+//! `GET /api/v1/discovery/context` (token-budgeted tiers for a prompt) and
+//! `GET /api/v1/discovery/tool` (the `discover_capabilities` tool definition for an LLM API).
+
+use std::time::Instant;
+
+use axum::extract::{RawQuery, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::clock::now_millis;
+use crate::query::{parse_int, ParamError, Query};
+use crate::search::context::{self, Counter};
+use crate::search::{
+    Answer, Kind, Request, DEFAULT_LIMIT, DEFAULT_MIN_RELEVANCE, MAX_QUERY_CHARS, MAX_RESULTS,
+};
+
+/// The discovery filters a search accepts, passed to the discovery query parser as they came.
+const FILTERS: &[&str] =
+    &["agent", "agent_ids", "node_id", "node_ids", "reasoner", "skill", "tags", "health_status"];
+const KIND_ALLOWED: &[&str] = &["reasoner", "skill", "any"];
+const LIMIT_ALLOWED: &[&str] = &["1-50"];
+const RELEVANCE_ALLOWED: &[&str] = &["0.0-1.0"];
+const BOOL_ALLOWED: &[&str] = &["true", "false"];
+const FORMAT_ALLOWED: &[&str] = &["text", "json"];
+const FLAVOR_ALLOWED: &[&str] = &["openai", "anthropic", "mcp"];
+const TOKENS_ALLOWED: &[&str] = &["0-32000"];
+const TOP_K_ALLOWED: &[&str] = &["0-50"];
+
+/// The tool's description: what an LLM reads to decide to call it (about 80 tokens).
+pub const TOOL_DESCRIPTION: &str = "Search the agent mesh for capabilities (reasoners and skills offered by \
+other agents) by describing what you need in plain words. Use it when none of your own tools fits the task. \
+Returns the best matches, each with a relevance from 0 to 1, a one-line summary and the target \
+(agent_id:kind:id) to call; ask for a target's detail to get its exact input schema.";
+
+/// The query parameters, first occurrence wins.
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn parse(raw: &str) -> Self {
+        let mut params: Vec<(String, String)> = Vec::new();
+        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+            if !params.iter().any(|(seen, _)| seen.as_str() == k) {
+                params.push((k.into_owned(), v.into_owned()));
+            }
+        }
+        Self(params)
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    fn filters(&self) -> Result<Query, ParamError> {
+        let mut raw = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in self.0.iter().filter(|(k, _)| FILTERS.contains(&k.as_str())) {
+            raw.append_pair(k, v);
+        }
+        Query::parse(&raw.finish())
+    }
+
+    fn int(
+        &self,
+        name: &'static str,
+        default: usize,
+        min: usize,
+        max: usize,
+        allowed: &'static [&'static str],
+    ) -> Result<usize, ParamError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => {
+                let n = parse_int(name, v, max, allowed)?;
+                if n < min {
+                    return Err(ParamError { parameter: name, provided: v.to_owned(), allowed });
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    fn request(&self) -> Result<Request, ParamError> {
+        let q = self.get("q").map(str::trim).unwrap_or_default();
+        if q.is_empty() || q.chars().count() > MAX_QUERY_CHARS {
+            return Err(ParamError {
+                parameter: "q",
+                provided: if q.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} characters", q.chars().count())
+                },
+                allowed: &["1-1024 characters"],
+            });
+        }
+        let mut req = Request::new(q);
+        req.limit = self.int("limit", DEFAULT_LIMIT, 1, MAX_RESULTS, LIMIT_ALLOWED)?;
+        if let Some(v) = self.get("min_relevance") {
+            let bad = || ParamError {
+                parameter: "min_relevance",
+                provided: v.to_owned(),
+                allowed: RELEVANCE_ALLOWED,
+            };
+            let ok = !v.is_empty() && v.len() <= 16 && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+            let x: f32 = if ok { v.parse().map_err(|_| bad())? } else { return Err(bad()) };
+            if !(0.0..=1.0).contains(&x) {
+                return Err(bad());
+            }
+            req.min_relevance = x;
+        } else {
+            req.min_relevance = DEFAULT_MIN_RELEVANCE;
+        }
+        if let Some(v) = self.get("kind") {
+            req.kind = Kind::parse(v).ok_or_else(|| ParamError {
+                parameter: "kind",
+                provided: v.to_owned(),
+                allowed: KIND_ALLOWED,
+            })?;
+        }
+        if let Some(v) = self.get("graph") {
+            req.graph = match v.to_ascii_lowercase().as_str() {
+                "" | "true" | "1" => true,
+                "false" | "0" => false,
+                _ => {
+                    return Err(ParamError {
+                        parameter: "graph",
+                        provided: v.to_owned(),
+                        allowed: BOOL_ALLOWED,
+                    })
+                }
+            };
+        }
+        req.filters = self.filters()?;
+        Ok(req)
+    }
+}
+
+async fn run(app: &AppState, req: &Request) -> Result<Answer, ApiError> {
+    let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
+    let snapshot = app.registry.snapshot();
+    let now = now_millis();
+    Ok(super::discovery::off_the_worker(|| app.search.search(&snapshot, req, now, app.registry.thresholds())))
+}
+
+/// `GET /api/v1/discovery/search`.
+pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let req = Params::parse(raw.as_deref().unwrap_or_default()).request()?;
+    let answer = run(&app, &req).await?;
+    let results: Vec<Value> = answer
+        .results
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let card = f.entry.card.view();
+            let list = if f.reasoner { &card.reasoners } else { &card.skills };
+            let cap = list.get(f.cap);
+            json!({
+                "rank": i + 1,
+                "relevance": f.relevance,
+                "agent_id": f.entry.key.agent_id,
+                "kind": f.kind(),
+                "id": f.id,
+                "target": f.target,
+                "description": cap.and_then(|c| c.description.as_deref()),
+                "tags": cap.map(|c| c.tags.iter().map(|t| t.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+                "category": cap.and_then(|c| c.category_in(&card)),
+                "health_status": f.health.as_str(),
+                "publisher": &*f.entry.publisher_name,
+                "matched": f.matched,
+            })
+        })
+        .collect();
+    tracing::info!(
+        target: "agentmesh::search",
+        results = results.len(),
+        indexed = answer.total_indexed,
+        took_us = started.elapsed().as_micros() as u64,
+        "search request completed"
+    );
+    Ok(Json(json!({
+        "query": req.q,
+        "ranking": answer.ranking,
+        "total_indexed": answer.total_indexed,
+        "results": results,
+    }))
+    .into_response())
+}
+
+/// `GET /api/v1/discovery/context`.
+pub async fn context(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref().unwrap_or_default());
+    let mut req = params.request()?;
+    let tier0_tokens =
+        params.int("tier0_tokens", context::TIER0_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
+    let tier1_tokens =
+        params.int("tier1_tokens", context::TIER1_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
+    let tier2_tokens =
+        params.int("tier2_tokens", context::TIER2_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
+    let tier1_top_k =
+        params.int("tier1_top_k", context::TIER1_TOP_K, 0, context::MAX_TOP_K, TOP_K_ALLOWED)?;
+    let tier2_top_k =
+        params.int("tier2_top_k", context::TIER2_TOP_K, 0, context::MAX_TOP_K, TOP_K_ALLOWED)?;
+    let text = match params.get("format").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("" | "text") => true,
+        Some("json") => false,
+        Some(_) => {
+            return Err(ParamError {
+                parameter: "format",
+                provided: params.get("format").unwrap_or_default().to_owned(),
+                allowed: FORMAT_ALLOWED,
+            }
+            .into())
+        }
+    };
+    req.limit = tier1_top_k.max(tier2_top_k).max(1);
+    let answer = run(&app, &req).await?;
+    let counter = Counter::default();
+    // In text form the tiers are joined by a blank line: one token of each later budget pays for it.
+    let reserve = usize::from(text);
+    let snapshot = app.registry.snapshot();
+    let tier0 = app.search.tier0(&snapshot, counter, tier0_tokens);
+    let top1: Vec<_> = answer.results.iter().take(tier1_top_k).cloned().collect();
+    let top2: Vec<_> = answer.results.iter().take(tier2_top_k).cloned().collect();
+    let tier1 = context::build(
+        counter,
+        tier1_tokens.saturating_sub(reserve),
+        "Capabilities that match the request (target (relevance): summary):\n",
+        &context::tier1_entries(&top1),
+    );
+    let tier2 = context::build(
+        counter,
+        tier2_tokens.saturating_sub(reserve),
+        "Details of the best matches:\n",
+        &context::tier2_entries(&top2),
+    );
+    if text {
+        let body = context::join(&[&tier0, &tier1, &tier2]);
+        let mut response = body.into_response();
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        return Ok(response);
+    }
+    let total = tier0.tokens + tier1.tokens + tier2.tokens;
+    Ok(Json(json!({
+        "query": req.q,
+        "tokenizer": counter.name(),
+        "tier0": tier0,
+        "tier1": tier1,
+        "tier2": tier2,
+        "total_tokens": total,
+    }))
+    .into_response())
+}
+
+/// The JSON Schema of the tool's arguments.
+pub fn tool_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "What the capability should do, in plain words.",
+                      "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+            "kind": {"type": "string", "enum": ["reasoner", "skill", "any"],
+                     "description": "Only reasoners, only skills, or both (default)."},
+            "tags": {"type": "array", "items": {"type": "string"},
+                     "description": "Only capabilities with one of these tags (wildcards allowed)."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS,
+                      "description": "Most results (default 5)."}
+        },
+        "required": ["query"],
+        "additionalProperties": false
+    })
+}
+
+/// `GET /api/v1/discovery/tool?flavor=openai|anthropic|mcp`.
+pub async fn tool(RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref().unwrap_or_default());
+    let flavor = params.get("flavor").unwrap_or("openai").to_ascii_lowercase();
+    let name = "discover_capabilities";
+    let body = match flavor.as_str() {
+        "openai" => json!({"type": "function", "function": {
+            "name": name, "description": TOOL_DESCRIPTION, "parameters": tool_schema()}}),
+        "anthropic" => json!({"name": name, "description": TOOL_DESCRIPTION, "input_schema": tool_schema()}),
+        "mcp" => json!({"name": name, "description": TOOL_DESCRIPTION, "inputSchema": tool_schema()}),
+        _ => {
+            return Err(ParamError { parameter: "flavor", provided: flavor, allowed: FLAVOR_ALLOWED }.into());
+        }
+    };
+    Ok(Json(body).into_response())
+}

@@ -1,0 +1,243 @@
+//! Capability search for LLM agents: ranked retrieval over the node's whole view, on the node, with
+//! no network call per query and nothing downloaded.
+//!
+//! [`Engine`] keeps an inverted index ([`index`]) in step with the registry's snapshots; a search
+//! applies the discovery filters first, scores with BM25F over stemmed terms ([`text`]), optionally
+//! re-ranks through the capability graph ([`graph`]), and returns capabilities with a relevance in
+//! 0..=1 that means the same across queries. [`context`] builds the token-budgeted tiers from it.
+
+pub mod context;
+pub mod graph;
+pub mod index;
+pub mod text;
+
+use std::cmp::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+
+use context::{Counter, Tier};
+
+use index::{Doc, Index, FIELDS, FIELD_NAMES};
+
+use crate::query::Query;
+use crate::registry::health::{Health, Millis, Thresholds};
+use crate::registry::{Entry, Snapshot};
+
+/// Longest query, in characters after trimming.
+pub const MAX_QUERY_CHARS: usize = 1024;
+/// Most results one search returns.
+pub const MAX_RESULTS: usize = 50;
+/// Results by default.
+pub const DEFAULT_LIMIT: usize = 5;
+/// Results below this relevance are dropped by default.
+pub const DEFAULT_MIN_RELEVANCE: f32 = 0.3;
+
+/// Which kind of capability a search looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kind {
+    #[default]
+    Any,
+    Reasoner,
+    Skill,
+}
+
+impl Kind {
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s.to_ascii_lowercase().as_str() {
+            "any" | "" => Some(Kind::Any),
+            "reasoner" => Some(Kind::Reasoner),
+            "skill" => Some(Kind::Skill),
+            _ => None,
+        }
+    }
+
+    fn admits(self, reasoner: bool) -> bool {
+        match self {
+            Kind::Any => true,
+            Kind::Reasoner => reasoner,
+            Kind::Skill => !reasoner,
+        }
+    }
+}
+
+/// One search.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub q: String,
+    pub limit: usize,
+    pub min_relevance: f32,
+    pub kind: Kind,
+    /// Re-rank through the capability graph.
+    pub graph: bool,
+    /// The discovery filters (ids, reasoner/skill patterns, tags, health), applied before ranking.
+    pub filters: Query,
+}
+
+impl Request {
+    pub fn new(q: impl Into<String>) -> Self {
+        Self {
+            q: q.into(),
+            limit: DEFAULT_LIMIT,
+            min_relevance: DEFAULT_MIN_RELEVANCE,
+            kind: Kind::Any,
+            graph: true,
+            filters: Query::default(),
+        }
+    }
+}
+
+/// A capability found.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub entry: Arc<Entry>,
+    pub reasoner: bool,
+    /// Position in its kind's list on the card.
+    pub cap: usize,
+    pub id: String,
+    /// `agent_id:kind:id`.
+    pub target: String,
+    /// 0..=1, rounded to three decimals.
+    pub relevance: f32,
+    /// The fields that matched the query, in [`FIELD_NAMES`] order.
+    pub matched: Vec<&'static str>,
+    pub health: Health,
+}
+
+impl Found {
+    pub fn kind(&self) -> &'static str {
+        if self.reasoner {
+            "reasoner"
+        } else {
+            "skill"
+        }
+    }
+}
+
+/// What a search found.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub results: Vec<Found>,
+    /// Capabilities in the index (the whole view).
+    pub total_indexed: usize,
+    /// The signals used: `lexical`, or `lexical+graph`.
+    pub ranking: &'static str,
+}
+
+/// View generation, budget and counter of a Tier 0.
+type Tier0Key = (u64, usize, Counter);
+
+/// The search index of one node, kept in step with its registry.
+#[derive(Debug, Default)]
+pub struct Engine {
+    index: RwLock<Index>,
+    /// The last Tier 0 built, and what it was built for.
+    tier0: Mutex<Option<(Tier0Key, Tier)>>,
+}
+
+impl Engine {
+    /// Brings the index to `snapshot` (only the cards that changed are re-indexed).
+    pub fn refresh(&self, snapshot: &Snapshot) {
+        let current = self.index.read().map(|i| i.generation()).unwrap_or(0);
+        if current == snapshot.generation {
+            return;
+        }
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        index.refresh(snapshot);
+    }
+
+    /// Tier 0 of the context for `snapshot`: built once per view and budget, then served as is.
+    pub fn tier0(&self, snapshot: &Snapshot, counter: Counter, budget: usize) -> Tier {
+        let key = (snapshot.generation, budget, counter);
+        let mut cached = self.tier0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, tier)) = cached.as_ref() {
+            if *k == key {
+                return tier.clone();
+            }
+        }
+        let (heading, entries) = context::tier0_entries(snapshot);
+        let tier = context::build(counter, budget, &heading, &entries);
+        *cached = Some((key, tier.clone()));
+        tier
+    }
+
+    /// Capabilities indexed.
+    pub fn len(&self) -> usize {
+        self.index.read().map(|i| i.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `req` over `snapshot` at `now`. The same request over the same view gives the same order.
+    pub fn search(&self, snapshot: &Snapshot, req: &Request, now: Millis, thresholds: &Thresholds) -> Answer {
+        self.refresh(snapshot);
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let terms = index.query_terms(&req.q);
+        let admit = |doc: &Doc| admits(doc, req, now, thresholds);
+        let mut scored = index.score(&terms, admit);
+        let order = |a: &index::Scored, b: &index::Scored| {
+            b.relevance.partial_cmp(&a.relevance).unwrap_or(Ordering::Equal).then_with(|| a.doc.cmp(&b.doc))
+        };
+        scored.sort_by(order);
+        if req.graph {
+            graph::rerank(&index, &mut scored, req.limit, admit);
+        }
+        let mut found: Vec<Found> = scored
+            .iter()
+            .filter_map(|s| {
+                let doc = index.doc(s.doc)?;
+                let id = index::cap_id(doc)?;
+                let relevance = (s.relevance * 1000.0).round() / 1000.0;
+                Some(Found {
+                    entry: doc.entry.clone(),
+                    reasoner: doc.reasoner,
+                    cap: doc.cap as usize,
+                    target: format!("{}:{}:{id}", doc.agent_id(), doc.kind()),
+                    id,
+                    relevance,
+                    matched: (0..FIELDS)
+                        .filter(|f| s.fields & (1 << f) != 0)
+                        .map(|f| FIELD_NAMES[f])
+                        .collect(),
+                    health: doc.entry.health(now, thresholds),
+                })
+            })
+            .filter(|f| f.relevance >= req.min_relevance)
+            .collect();
+        // Best first; ties in target order, then the local copy, then publisher.
+        found.sort_by(|a, b| {
+            b.relevance
+                .partial_cmp(&a.relevance)
+                .unwrap_or(Ordering::Equal)
+                .then_with(|| a.target.cmp(&b.target))
+                .then_with(|| b.entry.is_local().cmp(&a.entry.is_local()))
+                .then_with(|| a.entry.key.publisher.cmp(&b.entry.key.publisher))
+        });
+        // One result per target: the same agent published by several nodes is one capability.
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|f| seen.insert(f.target.clone()));
+        found.truncate(req.limit);
+        Answer {
+            results: found,
+            total_indexed: index.len(),
+            ranking: if req.graph { "lexical+graph" } else { "lexical" },
+        }
+    }
+}
+
+/// Whether a capability passes the request's kind and discovery filters.
+fn admits(doc: &Doc, req: &Request, now: Millis, thresholds: &Thresholds) -> bool {
+    if !req.kind.admits(doc.reasoner) {
+        return false;
+    }
+    let card = &doc.entry.card;
+    let mut caps = if doc.reasoner { card.reasoners() } else { card.skills() };
+    let Some(cap) = caps.nth(doc.cap as usize) else { return false };
+    if !req.filters.admits(doc.agent_id(), doc.reasoner, &cap) {
+        return false;
+    }
+    req.filters.health.is_none_or(|wanted| doc.entry.health(now, thresholds) == wanted)
+}
+
+#[cfg(test)]
+mod tests;

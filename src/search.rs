@@ -28,6 +28,8 @@ pub const MAX_QUERY_CHARS: usize = 1024;
 pub const MAX_RESULTS: usize = 50;
 /// Results by default.
 pub const DEFAULT_LIMIT: usize = 5;
+/// Most candidates tied at the cut that are carried into the final ordering.
+const MAX_TIED: usize = 2_000;
 /// Results below this relevance are dropped by default.
 pub const DEFAULT_MIN_RELEVANCE: f32 = 0.3;
 
@@ -178,23 +180,33 @@ impl Engine {
         let order = |a: &index::Scored, b: &index::Scored| {
             b.relevance.partial_cmp(&a.relevance).unwrap_or(Ordering::Equal).then_with(|| a.doc.cmp(&b.doc))
         };
-        scored.sort_by(order);
+        scored.sort_unstable_by(order);
         if req.graph {
             graph::rerank(&index, &mut scored, req.limit, admit);
+            scored.sort_unstable_by(order);
+        }
+        // Only the best few become results; everything tied with the last of them comes along, so
+        // that ties are broken by target, not by index order (up to `MAX_TIED`).
+        let rounded = |r: f32| (r * 1000.0).round() / 1000.0;
+        let keep = req.limit * 4 + 16;
+        if scored.len() > keep {
+            let floor = rounded(scored[keep - 1].relevance);
+            let end = scored.iter().position(|s| rounded(s.relevance) < floor).unwrap_or(scored.len());
+            scored.truncate(end.min(keep + MAX_TIED));
         }
         let mut found: Vec<Found> = scored
             .iter()
+            .filter(|s| rounded(s.relevance) >= req.min_relevance)
             .filter_map(|s| {
                 let doc = index.doc(s.doc)?;
                 let id = index::cap_id(doc)?;
-                let relevance = (s.relevance * 1000.0).round() / 1000.0;
                 Some(Found {
                     entry: doc.entry.clone(),
                     reasoner: doc.reasoner,
                     cap: doc.cap as usize,
                     target: format!("{}:{}:{id}", doc.agent_id(), doc.kind()),
                     id,
-                    relevance,
+                    relevance: rounded(s.relevance),
                     matched: (0..FIELDS)
                         .filter(|f| s.fields & (1 << f) != 0)
                         .map(|f| FIELD_NAMES[f])
@@ -202,7 +214,6 @@ impl Engine {
                     health: doc.entry.health(now, thresholds),
                 })
             })
-            .filter(|f| f.relevance >= req.min_relevance)
             .collect();
         // Best first; ties in target order, then the local copy, then publisher.
         found.sort_by(|a, b| {

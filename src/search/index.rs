@@ -37,6 +37,11 @@ const UNKNOWN_TERM_WEIGHT: f32 = 0.5;
 const MAX_PARAM_TEXT: usize = 512;
 const MAX_PARAMS: usize = 64;
 
+/// Per-query state of a document slot while scoring.
+const UNSEEN: u8 = 0;
+const ADMITTED: u8 = 1;
+const REFUSED: u8 = 2;
+
 /// One capability in the index.
 #[derive(Debug)]
 pub struct Doc {
@@ -350,20 +355,27 @@ impl Index {
         let information =
             known.iter().map(|(_, idf)| idf).sum::<f32>() + unknown as f32 * UNKNOWN_TERM_WEIGHT * mean_idf;
         let best_score = known.iter().map(|(_, idf)| idf * (K1 + 1.0)).sum::<f32>();
-        // Accumulators per document slot: (coverage, score, fields); 0 = untouched or refused.
-        let mut acc: HashMap<u32, (f32, f32, u8)> = HashMap::new();
-        let mut refused: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        // Dense accumulators per document slot, and the slots touched: cheaper than a map at any size
+        // the view allows (a few bytes per capability, reset per query).
+        let mut acc: Vec<(f32, f32, u8)> = vec![(0.0, 0.0, 0); self.docs.len()];
+        let mut state: Vec<u8> = vec![UNSEEN; self.docs.len()];
+        let mut touched: Vec<u32> = Vec::new();
         for (data, idf) in &known {
             for p in &data.postings {
-                let Some(doc) = self.docs[p.doc as usize].as_ref() else { continue };
-                if refused.contains(&p.doc) {
-                    continue;
+                let at = p.doc as usize;
+                match state[at] {
+                    REFUSED => continue,
+                    UNSEEN => {
+                        let admitted = self.docs[at].as_ref().is_some_and(&mut admit);
+                        state[at] = if admitted { ADMITTED } else { REFUSED };
+                        if !admitted {
+                            continue;
+                        }
+                        touched.push(p.doc);
+                    }
+                    _ => {}
                 }
-                if !acc.contains_key(&p.doc) && !admit(doc) {
-                    refused.insert(p.doc);
-                    continue;
-                }
-                let slot = acc.entry(p.doc).or_default();
+                let Some(doc) = self.docs[at].as_ref() else { continue };
                 let mut tf = 0.0;
                 let mut fields = 0u8;
                 for f in 0..FIELDS {
@@ -374,18 +386,23 @@ impl Index {
                     }
                 }
                 let saturated = tf * (K1 + 1.0) / (tf + K1);
+                let slot = &mut acc[at];
                 slot.0 += idf * saturated.min(1.0);
                 slot.1 += idf * saturated;
                 slot.2 |= fields;
             }
         }
-        acc.into_iter()
-            .map(|(doc, (coverage, score, fields))| Scored {
-                doc,
-                relevance: (COVERAGE_SHARE * (coverage / information).min(1.0)
-                    + (1.0 - COVERAGE_SHARE) * (score / best_score).min(1.0))
-                .clamp(0.0, 1.0),
-                fields,
+        touched
+            .into_iter()
+            .map(|doc| {
+                let (coverage, score, fields) = acc[doc as usize];
+                Scored {
+                    doc,
+                    relevance: (COVERAGE_SHARE * (coverage / information).min(1.0)
+                        + (1.0 - COVERAGE_SHARE) * (score / best_score).min(1.0))
+                    .clamp(0.0, 1.0),
+                    fields,
+                }
             })
             .collect()
     }

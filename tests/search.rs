@@ -41,7 +41,7 @@ fn mail_card() -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_capability_registered_on_one_node_is_found_by_meaning_on_another() {
+async fn a_capability_registered_on_one_node_is_found_by_what_it_does_on_another() {
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let a = start(dirs[0].path(), vec![]).await;
     let b = start(dirs[1].path(), vec![dial_addr(&a).await]).await;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use agentmesh::card::AgentCard;
 use agentmesh::registry::health::Thresholds;
 use agentmesh::registry::{Entry, Origin, RecordKey, Snapshot};
-use agentmesh::search::context::{self, Counter};
+use agentmesh::search::context::{Budgets, Counter};
 use agentmesh::search::text::words;
 use agentmesh::search::{Engine, Request};
 use libp2p::identity::Keypair;
@@ -298,16 +298,8 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
         let mut req = Request::new(&q.q);
         req.limit = 5;
         let found = engine.search(&snap, &req, 10, &thresholds).results;
-        let t0 = engine.tier0(&snap, counter, context::TIER0_TOKENS);
-        let t1 =
-            context::build(counter, context::TIER1_TOKENS - 1, "Matches:\n", &context::tier1_entries(&found));
-        let t2 = context::build(
-            counter,
-            context::TIER2_TOKENS - 1,
-            "Details:\n",
-            &context::tier2_entries(&found[..found.len().min(2)]),
-        );
-        let total = counter.count(&context::join(&[&t0, &t1, &t2]));
+        let tiers = engine.context(&snap, &found, &Budgets::default(), counter, true);
+        let total = counter.count(&tiers.text());
         worst = worst.max(total);
         sum += total;
     }

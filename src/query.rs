@@ -156,12 +156,11 @@ impl Query {
     /// Parses a raw (percent-encoded) query string. The first occurrence of a parameter counts;
     /// unknown parameters are ignored; errors come in the order of the API contract's table.
     pub fn parse(raw: &str) -> Result<Query, ParamError> {
-        let mut params: Vec<(String, String)> = Vec::new();
-        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
-            if !params.iter().any(|(seen, _)| seen.as_str() == k) {
-                params.push((k.into_owned(), v.into_owned()));
-            }
-        }
+        Self::from_params(&first_params(raw))
+    }
+
+    /// Parses already decoded parameters (first occurrence of each, see [`first_params`]).
+    pub fn from_params(params: &[(String, String)]) -> Result<Query, ParamError> {
         let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         let mut q = Query::default();
 
@@ -269,7 +268,18 @@ impl Query {
     }
 }
 
-fn parse_bool(name: &'static str, value: Option<&str>, default: bool) -> Result<bool, ParamError> {
+/// The parameters of a raw (percent-encoded) query string, decoded: the first occurrence of each name.
+pub fn first_params(raw: &str) -> Vec<(String, String)> {
+    let mut params: Vec<(String, String)> = Vec::new();
+    for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+        if !params.iter().any(|(seen, _)| seen.as_str() == k) {
+            params.push((k.into_owned(), v.into_owned()));
+        }
+    }
+    params
+}
+
+pub(crate) fn parse_bool(name: &'static str, value: Option<&str>, default: bool) -> Result<bool, ParamError> {
     let Some(v) = value else { return Ok(default) };
     match v.to_ascii_lowercase().as_str() {
         "" => Ok(default),

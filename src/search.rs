@@ -14,7 +14,7 @@ pub mod text;
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
-use context::{Counter, Tier};
+use context::{Budgets, Counter, Tier, Tiers};
 
 use index::{Doc, Index, FIELDS, FIELD_NAMES};
 
@@ -159,6 +159,18 @@ impl Engine {
         let tier = context::build(counter, budget, &heading, &entries);
         *cached = Some((key, tier.clone()));
         tier
+    }
+
+    /// The three context tiers for `results` (a search's answer, best first) over `snapshot`.
+    pub fn context(
+        &self,
+        snapshot: &Snapshot,
+        results: &[Found],
+        budgets: &Budgets,
+        counter: Counter,
+        for_text: bool,
+    ) -> Tiers {
+        Tiers::new(self.tier0(snapshot, counter, budgets.tier0), results, budgets, counter, for_text)
     }
 
     /// Capabilities indexed.

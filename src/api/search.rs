@@ -14,11 +14,10 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::clock::now_millis;
-use crate::query::{parse_int, ParamError, Query};
-use crate::search::context::{self, Counter};
-use crate::search::{
-    Answer, Kind, Request, DEFAULT_LIMIT, DEFAULT_MIN_RELEVANCE, MAX_QUERY_CHARS, MAX_RESULTS,
-};
+use crate::query::{first_params, parse_bool, parse_int, ParamError, Query};
+use crate::registry::Snapshot;
+use crate::search::context::{self, Budgets, Counter};
+use crate::search::{Answer, Kind, Request, DEFAULT_LIMIT, MAX_QUERY_CHARS, MAX_RESULTS};
 
 /// The discovery filters a search accepts, passed to the discovery query parser as they came.
 const FILTERS: &[&str] =
@@ -26,7 +25,6 @@ const FILTERS: &[&str] =
 const KIND_ALLOWED: &[&str] = &["reasoner", "skill", "any"];
 const LIMIT_ALLOWED: &[&str] = &["1-50"];
 const RELEVANCE_ALLOWED: &[&str] = &["0.0-1.0"];
-const BOOL_ALLOWED: &[&str] = &["true", "false"];
 const FORMAT_ALLOWED: &[&str] = &["text", "json"];
 const FLAVOR_ALLOWED: &[&str] = &["openai", "anthropic", "mcp"];
 const TOKENS_ALLOWED: &[&str] = &["0-32000"];
@@ -43,25 +41,18 @@ struct Params(Vec<(String, String)>);
 
 impl Params {
     fn parse(raw: &str) -> Self {
-        let mut params: Vec<(String, String)> = Vec::new();
-        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
-            if !params.iter().any(|(seen, _)| seen.as_str() == k) {
-                params.push((k.into_owned(), v.into_owned()));
-            }
-        }
-        Self(params)
+        Self(first_params(raw))
     }
 
     fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
+    /// The discovery filters among the parameters, parsed as discovery parses them.
     fn filters(&self) -> Result<Query, ParamError> {
-        let mut raw = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in self.0.iter().filter(|(k, _)| FILTERS.contains(&k.as_str())) {
-            raw.append_pair(k, v);
-        }
-        Query::parse(&raw.finish())
+        let filters: Vec<(String, String)> =
+            self.0.iter().filter(|(k, _)| FILTERS.contains(&k.as_str())).cloned().collect();
+        Query::from_params(&filters)
     }
 
     fn int(
@@ -72,28 +63,21 @@ impl Params {
         max: usize,
         allowed: &'static [&'static str],
     ) -> Result<usize, ParamError> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => {
-                let n = parse_int(name, v, max, allowed)?;
-                if n < min {
-                    return Err(ParamError { parameter: name, provided: v.to_owned(), allowed });
-                }
-                Ok(n)
-            }
+        let Some(v) = self.get(name) else { return Ok(default) };
+        let n = parse_int(name, v, max, allowed)?;
+        if n < min {
+            return Err(ParamError { parameter: name, provided: v.to_owned(), allowed });
         }
+        Ok(n)
     }
 
     fn request(&self) -> Result<Request, ParamError> {
         let q = self.get("q").map(str::trim).unwrap_or_default();
-        if q.is_empty() || q.chars().count() > MAX_QUERY_CHARS {
+        let chars = q.chars().count();
+        if q.is_empty() || chars > MAX_QUERY_CHARS {
             return Err(ParamError {
                 parameter: "q",
-                provided: if q.is_empty() {
-                    String::new()
-                } else {
-                    format!("{} characters", q.chars().count())
-                },
+                provided: if q.is_empty() { String::new() } else { format!("{chars} characters") },
                 allowed: &["1-1024 characters"],
             });
         }
@@ -105,14 +89,13 @@ impl Params {
                 provided: v.to_owned(),
                 allowed: RELEVANCE_ALLOWED,
             };
-            let ok = !v.is_empty() && v.len() <= 16 && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-            let x: f32 = if ok { v.parse().map_err(|_| bad())? } else { return Err(bad()) };
+            // Plain decimals only: no sign, exponent, `inf` or `NaN`.
+            let plain = !v.is_empty() && v.len() <= 16 && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+            let x: f32 = if plain { v.parse().map_err(|_| bad())? } else { return Err(bad()) };
             if !(0.0..=1.0).contains(&x) {
                 return Err(bad());
             }
             req.min_relevance = x;
-        } else {
-            req.min_relevance = DEFAULT_MIN_RELEVANCE;
         }
         if let Some(v) = self.get("kind") {
             req.kind = Kind::parse(v).ok_or_else(|| ParamError {
@@ -121,36 +104,24 @@ impl Params {
                 allowed: KIND_ALLOWED,
             })?;
         }
-        if let Some(v) = self.get("graph") {
-            req.graph = match v.to_ascii_lowercase().as_str() {
-                "" | "true" | "1" => true,
-                "false" | "0" => false,
-                _ => {
-                    return Err(ParamError {
-                        parameter: "graph",
-                        provided: v.to_owned(),
-                        allowed: BOOL_ALLOWED,
-                    })
-                }
-            };
-        }
+        req.graph = parse_bool("graph", self.get("graph"), true)?;
         req.filters = self.filters()?;
         Ok(req)
     }
 }
 
-async fn run(app: &AppState, req: &Request) -> Result<Answer, ApiError> {
+/// Runs `req` over `snapshot`, one at a time with discovery's cache misses (`discovery_permits`).
+async fn run(app: &AppState, snapshot: &Snapshot, req: &Request) -> Result<Answer, ApiError> {
     let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
-    let snapshot = app.registry.snapshot();
     let now = now_millis();
-    Ok(super::discovery::off_the_worker(|| app.search.search(&snapshot, req, now, app.registry.thresholds())))
+    Ok(super::discovery::off_the_worker(|| app.search.search(snapshot, req, now, app.registry.thresholds())))
 }
 
 /// `GET /api/v1/discovery/search`.
 pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let started = Instant::now();
     let req = Params::parse(raw.as_deref().unwrap_or_default()).request()?;
-    let answer = run(&app, &req).await?;
+    let answer = run(&app, &app.registry.snapshot(), &req).await?;
     let results: Vec<Value> = answer
         .results
         .iter()
@@ -192,66 +163,47 @@ pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Res
 }
 
 /// `GET /api/v1/discovery/context`.
+/// `GET /api/v1/discovery/context`.
 pub async fn context(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref().unwrap_or_default());
     let mut req = params.request()?;
-    let tier0_tokens =
-        params.int("tier0_tokens", context::TIER0_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
-    let tier1_tokens =
-        params.int("tier1_tokens", context::TIER1_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
-    let tier2_tokens =
-        params.int("tier2_tokens", context::TIER2_TOKENS, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED)?;
-    let tier1_top_k =
-        params.int("tier1_top_k", context::TIER1_TOP_K, 0, context::MAX_TOP_K, TOP_K_ALLOWED)?;
-    let tier2_top_k =
-        params.int("tier2_top_k", context::TIER2_TOP_K, 0, context::MAX_TOP_K, TOP_K_ALLOWED)?;
-    let text = match params.get("format").map(str::to_ascii_lowercase).as_deref() {
-        None | Some("" | "text") => true,
-        Some("json") => false,
-        Some(_) => {
-            return Err(ParamError {
-                parameter: "format",
-                provided: params.get("format").unwrap_or_default().to_owned(),
-                allowed: FORMAT_ALLOWED,
-            }
-            .into())
+    let tokens = |name, default| params.int(name, default, 0, context::MAX_TIER_TOKENS, TOKENS_ALLOWED);
+    let top_k = |name, default| params.int(name, default, 0, context::MAX_TOP_K, TOP_K_ALLOWED);
+    let budgets = Budgets {
+        tier0: tokens("tier0_tokens", context::TIER0_TOKENS)?,
+        tier1: tokens("tier1_tokens", context::TIER1_TOKENS)?,
+        tier1_top_k: top_k("tier1_top_k", context::TIER1_TOP_K)?,
+        tier2: tokens("tier2_tokens", context::TIER2_TOKENS)?,
+        tier2_top_k: top_k("tier2_top_k", context::TIER2_TOP_K)?,
+    };
+    let format = params.get("format").unwrap_or_default();
+    let text = match format.to_ascii_lowercase().as_str() {
+        "" | "text" => true,
+        "json" => false,
+        _ => {
+            let error =
+                ParamError { parameter: "format", provided: format.to_owned(), allowed: FORMAT_ALLOWED };
+            return Err(error.into());
         }
     };
-    req.limit = tier1_top_k.max(tier2_top_k).max(1);
-    let answer = run(&app, &req).await?;
-    let counter = Counter::default();
-    // In text form the tiers are joined by a blank line: one token of each later budget pays for it.
-    let reserve = usize::from(text);
+    req.limit = budgets.tier1_top_k.max(budgets.tier2_top_k).max(1);
+    // One snapshot for the search and Tier 0, so that both describe the same view.
     let snapshot = app.registry.snapshot();
-    let tier0 = app.search.tier0(&snapshot, counter, tier0_tokens);
-    let top1: Vec<_> = answer.results.iter().take(tier1_top_k).cloned().collect();
-    let top2: Vec<_> = answer.results.iter().take(tier2_top_k).cloned().collect();
-    let tier1 = context::build(
-        counter,
-        tier1_tokens.saturating_sub(reserve),
-        "Capabilities that match the request (target (relevance): summary):\n",
-        &context::tier1_entries(&top1),
-    );
-    let tier2 = context::build(
-        counter,
-        tier2_tokens.saturating_sub(reserve),
-        "Details of the best matches:\n",
-        &context::tier2_entries(&top2),
-    );
+    let answer = run(&app, &snapshot, &req).await?;
+    let counter = Counter::default();
+    let tiers = app.search.context(&snapshot, &answer.results, &budgets, counter, text);
     if text {
-        let body = context::join(&[&tier0, &tier1, &tier2]);
-        let mut response = body.into_response();
+        let mut response = tiers.text().into_response();
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
         return Ok(response);
     }
-    let total = tier0.tokens + tier1.tokens + tier2.tokens;
     Ok(Json(json!({
         "query": req.q,
         "tokenizer": counter.name(),
-        "tier0": tier0,
-        "tier1": tier1,
-        "tier2": tier2,
-        "total_tokens": total,
+        "tier0": tiers.tier0,
+        "tier1": tiers.tier1,
+        "tier2": tiers.tier2,
+        "total_tokens": tiers.total_tokens(),
     }))
     .into_response())
 }

@@ -99,6 +99,67 @@ pub fn build(counter: Counter, budget: usize, heading: &str, entries: &[String])
     Tier { tokens: counter.count(&text), text, entries: taken, omitted }
 }
 
+/// The budgets and sizes of the three tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    pub tier0: usize,
+    pub tier1: usize,
+    pub tier1_top_k: usize,
+    pub tier2: usize,
+    pub tier2_top_k: usize,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            tier0: TIER0_TOKENS,
+            tier1: TIER1_TOKENS,
+            tier1_top_k: TIER1_TOP_K,
+            tier2: TIER2_TOKENS,
+            tier2_top_k: TIER2_TOP_K,
+        }
+    }
+}
+
+/// The three tiers of one answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tiers {
+    pub tier0: Tier,
+    pub tier1: Tier,
+    pub tier2: Tier,
+}
+
+impl Tiers {
+    /// Tiers 1 and 2 for `results` (best first) beside `tier0`. `for_text`: the tiers will be joined
+    /// by [`join`], so one token of each later budget pays for its separator.
+    pub fn new(tier0: Tier, results: &[Found], budgets: &Budgets, counter: Counter, for_text: bool) -> Self {
+        let reserve = usize::from(for_text);
+        let top = |k: usize| &results[..results.len().min(k)];
+        let tier1 = build(
+            counter,
+            budgets.tier1.saturating_sub(reserve),
+            "Capabilities that match the request (target (relevance): summary):\n",
+            &tier1_entries(top(budgets.tier1_top_k)),
+        );
+        let tier2 = build(
+            counter,
+            budgets.tier2.saturating_sub(reserve),
+            "Details of the best matches:\n",
+            &tier2_entries(top(budgets.tier2_top_k)),
+        );
+        Self { tier0, tier1, tier2 }
+    }
+
+    pub fn total_tokens(&self) -> usize {
+        self.tier0.tokens + self.tier1.tokens + self.tier2.tokens
+    }
+
+    /// The prompt-ready text: within the sum of the budgets when built `for_text`.
+    pub fn text(&self) -> String {
+        join(&[&self.tier0, &self.tier1, &self.tier2])
+    }
+}
+
 /// The tiers' texts joined by blank lines (empty tiers left out), for `format=text`. With
 /// [`Counter::Chars4`] the result counts at most one token more than the tiers together: callers
 /// build the second and third tiers with one token less.

@@ -128,10 +128,6 @@ impl Index {
         self.docs.get(id as usize).and_then(Option::as_ref)
     }
 
-    pub fn analyzer(&self) -> &Analyzer {
-        &self.analyzer
-    }
-
     /// The documents of the entry with this key, if indexed.
     pub fn docs_of(&self, agent_id: &str, publisher: &libp2p::PeerId) -> &[u32] {
         let at = self
@@ -145,7 +141,7 @@ impl Index {
 
     /// Brings the index to `snapshot`, re-indexing only the entries that changed.
     pub fn refresh(&mut self, snapshot: &Snapshot) {
-        if snapshot.generation == self.generation && !self.entries.is_empty() {
+        if snapshot.generation == self.generation {
             return;
         }
         let old = std::mem::take(&mut self.entries);
@@ -155,8 +151,8 @@ impl Index {
             // Both lists are sorted by key: drop the old entries before this one, keep an unchanged one.
             while let Some((e, _)) = old.peek() {
                 if e.key < entry.key {
-                    let (_, docs) = old.next().unwrap_or_else(|| unreachable!());
-                    self.remove(&docs);
+                    let (gone, docs) = old.next().unwrap_or_else(|| unreachable!());
+                    self.remove(&gone, &docs);
                 } else {
                     break;
                 }
@@ -166,8 +162,8 @@ impl Index {
                     next.push(old.next().unwrap_or_else(|| unreachable!()));
                 }
                 Some((e, _)) if e.key == entry.key => {
-                    let (_, docs) = old.next().unwrap_or_else(|| unreachable!());
-                    self.remove(&docs);
+                    let (replaced, docs) = old.next().unwrap_or_else(|| unreachable!());
+                    self.remove(&replaced, &docs);
                     let docs = self.add(entry);
                     next.push((entry.clone(), docs));
                 }
@@ -177,8 +173,8 @@ impl Index {
                 }
             }
         }
-        for (_, docs) in old {
-            self.remove(&docs);
+        for (gone, docs) in old {
+            self.remove(&gone, &docs);
         }
         self.entries = next;
         self.generation = snapshot.generation;
@@ -189,15 +185,7 @@ impl Index {
 
     fn add(&mut self, entry: &Arc<Entry>) -> Vec<u32> {
         let card = entry.card.view();
-        let mut agent_text = String::new();
-        for part in [&*card.name, &*card.description] {
-            agent_text.push_str(part);
-            agent_text.push(' ');
-        }
-        for tag in &card.tags {
-            agent_text.push_str(tag);
-            agent_text.push(' ');
-        }
+        let agent_text = agent_text(&card);
         let mut ids = Vec::with_capacity(card.reasoners.len() + card.skills.len());
         for (reasoner, list) in [(true, &card.reasoners), (false, &card.skills)] {
             for (i, cap) in list.iter().enumerate() {
@@ -266,22 +254,15 @@ impl Index {
         id
     }
 
-    fn remove(&mut self, docs: &[u32]) {
+    /// Removes the documents of one entry (all from the same card, read once to find their terms
+    /// again: cheaper than keeping every document's terms).
+    fn remove(&mut self, entry: &Entry, docs: &[u32]) {
+        let card = entry.card.view();
+        let agent_text = agent_text(&card);
         for &id in docs {
             let Some(doc) = self.docs.get_mut(id as usize).and_then(Option::take) else { continue };
-            // The terms of the removed document, found again from its card (cheaper than keeping them).
-            let card = doc.entry.card.view();
             let list = if doc.reasoner { &card.reasoners } else { &card.skills };
             if let Some(cap) = list.get(doc.cap as usize) {
-                let mut agent_text = String::new();
-                for part in [&*card.name, &*card.description] {
-                    agent_text.push_str(part);
-                    agent_text.push(' ');
-                }
-                for tag in &card.tags {
-                    agent_text.push_str(tag);
-                    agent_text.push(' ');
-                }
                 let mut seen = std::collections::HashSet::new();
                 for text in fields(cap, &card, &agent_text) {
                     self.analyzer.terms(&text, |term| {
@@ -433,6 +414,16 @@ pub fn hash_word(word: &str) -> u64 {
     let mut h = DefaultHasher::new();
     word.to_lowercase().hash(&mut h);
     h.finish() | 1
+}
+
+/// What a card says of its agent (name, description, tags): the `agent` field of each capability.
+fn agent_text(card: &CardRef<'_>) -> String {
+    let mut text = String::new();
+    for part in [&*card.name, &*card.description].into_iter().chain(card.tags.iter().map(|t| &**t)) {
+        text.push_str(part);
+        text.push(' ');
+    }
+    text
 }
 
 /// The text of each field of a capability, in [`FIELDS`] order.

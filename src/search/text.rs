@@ -57,7 +57,7 @@ impl Analyzer {
     }
 }
 
-pub fn is_stop_word(word: &str) -> bool {
+fn is_stop_word(word: &str) -> bool {
     STOP_WORDS.binary_search(&word).is_ok()
 }
 

@@ -255,6 +255,15 @@ impl Query {
 
     /// Whether one capability passes the filters other than health: the agent id allow-list, its
     /// kind's id pattern and the tag patterns.
+    /// Whether no filter on ids, names, tags or health is set: every capability passes.
+    pub fn admits_all(&self) -> bool {
+        self.ids.is_empty()
+            && self.reasoner.is_none()
+            && self.skill.is_none()
+            && self.tags.is_empty()
+            && self.health.is_none()
+    }
+
     pub fn admits(&self, agent_id: &str, reasoner: bool, cap: &CapIndex<'_>) -> bool {
         let pattern = if reasoner { &self.reasoner } else { &self.skill };
         (self.ids.is_empty() || self.ids.contains(agent_id))

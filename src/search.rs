@@ -192,20 +192,23 @@ impl Engine {
         let order = |a: &index::Scored, b: &index::Scored| {
             b.relevance.partial_cmp(&a.relevance).unwrap_or(Ordering::Equal).then_with(|| a.doc.cmp(&b.doc))
         };
-        scored.sort_unstable_by(order);
+        // Only the best few become results; everything tied with the last of them comes along, so
+        // that ties are broken by target, not by index order (up to `MAX_TIED`). The graph looks at
+        // more candidates, and may lift any of them; what it does not look at keeps its place.
+        let keep = req.limit * 4 + 16;
         if req.graph {
-            graph::rerank(&index, &mut scored, req.limit, admit);
+            // Which documents matched at all (a bit each): a neighbour that did keeps its own score.
+            let words = scored.iter().map(|s| s.doc as usize / 64 + 1).max().unwrap_or(0);
+            let mut matched = vec![0u64; words];
+            for s in &scored {
+                matched[s.doc as usize / 64] |= 1 << (s.doc % 64);
+            }
+            let matched = |d: u32| matched.get(d as usize / 64).is_some_and(|w| w & (1 << (d % 64)) != 0);
+            best(&mut scored, keep + graph::MAX_CANDIDATES, order);
+            graph::rerank(&index, &mut scored, req.limit, matched, admit);
             scored.sort_unstable_by(order);
         }
-        // Only the best few become results; everything tied with the last of them comes along, so
-        // that ties are broken by target, not by index order (up to `MAX_TIED`).
-        let rounded = |r: f32| (r * 1000.0).round() / 1000.0;
-        let keep = req.limit * 4 + 16;
-        if scored.len() > keep {
-            let floor = rounded(scored[keep - 1].relevance);
-            let end = scored.iter().position(|s| rounded(s.relevance) < floor).unwrap_or(scored.len());
-            scored.truncate(end.min(keep + MAX_TIED));
-        }
+        best(&mut scored, keep, order);
         let mut found: Vec<Found> = scored
             .iter()
             .filter(|s| rounded(s.relevance) >= req.min_relevance)
@@ -248,10 +251,44 @@ impl Engine {
     }
 }
 
+/// 0..=1 rounded to three decimals, as results show it.
+fn rounded(r: f32) -> f32 {
+    (r * 1000.0).round() / 1000.0
+}
+
+/// Keeps the best `m` of `scored`, sorted by `order`, and every later one tied with the last of them
+/// (rounded as shown, up to [`MAX_TIED`] more). Partial selection: linear in the candidates, then a
+/// sort of the few kept.
+fn best(
+    scored: &mut Vec<index::Scored>,
+    m: usize,
+    order: impl Fn(&index::Scored, &index::Scored) -> Ordering,
+) {
+    if m > 0 && scored.len() > m {
+        scored.select_nth_unstable_by(m - 1, &order);
+        let floor = rounded(scored[m - 1].relevance);
+        let mut end = m;
+        for i in m..scored.len() {
+            if end == m + MAX_TIED {
+                break;
+            }
+            if rounded(scored[i].relevance) >= floor {
+                scored.swap(end, i);
+                end += 1;
+            }
+        }
+        scored.truncate(end);
+    }
+    scored.sort_unstable_by(order);
+}
+
 /// Whether a capability passes the request's kind and discovery filters.
 fn admits(doc: &Doc, req: &Request, now: Millis, thresholds: &Thresholds) -> bool {
     if !req.kind.admits(doc.reasoner) {
         return false;
+    }
+    if req.filters.admits_all() {
+        return true;
     }
     let card = &doc.entry.card;
     let mut caps = if doc.reasoner { card.reasoners() } else { card.skills() };

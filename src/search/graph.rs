@@ -48,8 +48,15 @@ pub fn edge(a: &Doc, b: &Doc, a_names: (&str, &str), b_names: (&str, &str)) -> f
 }
 
 /// Re-ranks `scored` (sorted best first) in place, and pulls in the DEPENDS_ON and COMPOSED_WITH
-/// neighbours of the best `top` that `admit` lets through. Relevance stays in 0..=1.
-pub fn rerank(index: &Index, scored: &mut Vec<Scored>, top: usize, mut admit: impl FnMut(&Doc) -> bool) {
+/// neighbours of the best `top` that `admit` lets through and that did not match the query
+/// themselves (`matched`: those keep their own score). Relevance stays in 0..=1.
+pub fn rerank(
+    index: &Index,
+    scored: &mut Vec<Scored>,
+    top: usize,
+    matched: impl Fn(u32) -> bool,
+    mut admit: impl FnMut(&Doc) -> bool,
+) {
     let n = scored.len().min(MAX_CANDIDATES);
     let names: Vec<(String, String)> = scored[..n]
         .iter()
@@ -92,7 +99,7 @@ pub fn rerank(index: &Index, scored: &mut Vec<Scored>, top: usize, mut admit: im
             index.docs_of(doc.agent_id(), &doc.entry.key.publisher).iter().map(|&d| (d, COMPOSED_WITH)),
         );
         for (d, w) in neighbours {
-            if scored.iter().chain(extra.iter()).any(|x: &Scored| x.doc == d) {
+            if matched(d) || extra.iter().any(|x: &Scored| x.doc == d) {
                 continue;
             }
             let Some(nd) = index.doc(d) else { continue };

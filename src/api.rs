@@ -10,6 +10,7 @@ pub mod body;
 pub mod discovery;
 pub mod error;
 pub mod events;
+pub mod mcp;
 pub mod metrics;
 pub mod render;
 pub mod search;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub net: Option<crate::net::NetHandle>,
     /// The local agent `/.well-known/agent-card.json` serves; `None`: the smallest local agent id.
     pub well_known_agent: Option<Arc<str>>,
+    /// How the context tiers count tokens when a request names no tokenizer.
+    pub tokenizer: crate::search::context::Counter,
 }
 
 impl AppState {
@@ -78,7 +81,13 @@ impl AppState {
             started: Instant::now(),
             net: None,
             well_known_agent: None,
+            tokenizer: Default::default(),
         }
+    }
+
+    pub fn with_tokenizer(mut self, tokenizer: crate::search::context::Counter) -> Self {
+        self.tokenizer = tokenizer;
+        self
     }
 
     pub fn with_well_known_agent(mut self, agent_id: Option<String>) -> Self {
@@ -110,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/discovery/search", get(search::search))
         .route("/api/v1/discovery/context", get(search::context))
         .route("/api/v1/discovery/tool", get(search::tool))
+        .route("/mcp", post(mcp::post))
         .route("/api/v1/discovery/events", get(events::events))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))

@@ -38,6 +38,14 @@ pub enum Command {
     Discover(DiscoverArgs),
     /// List every agent in a running daemon's view with its health and publisher.
     Agents(AgentsArgs),
+    /// Serve MCP on stdin/stdout for an MCP client (desktop assistants, IDEs, agent frameworks): the
+    /// tools discover_capabilities and get_capability over a running daemon's view, each message
+    /// carried to the daemon's `POST /mcp`.
+    Mcp {
+        /// Base URL of the daemon's HTTP API.
+        #[arg(long, env = "AGENTMESH_API", default_value = DEFAULT_API)]
+        api: String,
+    },
     /// Offline card tools.
     #[command(subcommand)]
     Card(CardCommand),
@@ -197,6 +205,9 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "AGENTMESH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// How the context tiers count tokens by default: chars4, cl100k_base or o200k_base.
+    #[arg(long, env = "AGENTMESH_TOKENIZER", value_name = "NAME")]
+    pub tokenizer: Option<String>,
     /// Key that lets non-loopback clients write (prefer the variable: flags show in `ps`).
     #[arg(long, env = "AGENTMESH_API_KEY", value_name = "KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -275,6 +286,9 @@ impl RunArgs {
         }
         if let Some(v) = self.log_format {
             c.log_format = v;
+        }
+        if let Some(v) = &self.tokenizer {
+            c.tokenizer = v.clone();
         }
         if let Some(v) = &self.api_key {
             c.api_key = Some(v.clone());

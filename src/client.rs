@@ -296,6 +296,92 @@ pub fn sign(path: &Path, data_dir: &Path, format: CardFormat) -> anyhow::Result<
     Ok(serde_json::to_string_pretty(&value)?)
 }
 
+/// Longest MCP message `agentmesh mcp` takes from stdin (the daemon's request body limit).
+pub const MAX_MCP_LINE: usize = crate::defaults::MAX_BODY_BYTES;
+/// How long one MCP call to the daemon may take.
+const MCP_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `agentmesh mcp`: the MCP stdio transport (one JSON-RPC message per line on stdin, one answer per
+/// line on stdout), each message carried to the daemon's `POST /mcp`, which answers it. Ends at
+/// the end of stdin. A daemon that cannot be reached is an error answer to each request, so the
+/// client says what is wrong instead of hanging.
+pub async fn mcp_stdio(api: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    let url = format!("{}/mcp", api.trim_end_matches('/'));
+    let client = reqwest::Client::builder().timeout(MCP_CALL_TIMEOUT).build()?;
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    let mut stdout = tokio::io::stdout();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut stdin).take(MAX_MCP_LINE as u64 + 1).read_until(b'\n', &mut line).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let answer = if line.len() > MAX_MCP_LINE && line.last() != Some(&b'\n') {
+            // Skip the rest of the oversized line, then refuse it.
+            let mut rest = Vec::new();
+            while !rest.ends_with(b"\n") {
+                rest.clear();
+                if (&mut stdin).take(64 * 1024).read_until(b'\n', &mut rest).await? == 0 {
+                    break;
+                }
+            }
+            Some(mcp_error(Value::Null, crate::api::mcp::INVALID_REQUEST, "message too large"))
+        } else if line.iter().all(u8::is_ascii_whitespace) {
+            None
+        } else {
+            mcp_forward(&client, &url, api, &line).await
+        };
+        if let Some(answer) = answer {
+            let mut out = serde_json::to_vec(&answer)?;
+            out.push(b'\n');
+            stdout.write_all(&out).await?;
+            stdout.flush().await?;
+        }
+    }
+}
+
+fn mcp_error(id: Value, code: i64, message: &str) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// Carries one message to the daemon: its answer, or `None` when there is none to give.
+async fn mcp_forward(client: &reqwest::Client, url: &str, api: &str, line: &[u8]) -> Option<Value> {
+    let message: Value = match serde_json::from_slice(line) {
+        Ok(m) => m,
+        Err(e) => {
+            return Some(mcp_error(Value::Null, crate::api::mcp::PARSE_ERROR, &format!("parse error: {e}")))
+        }
+    };
+    // The id to answer with if the daemon cannot: only requests (a method and an id) get answers.
+    let request_id = message.get("method").and(message.get("id")).cloned();
+    let sent = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(serde_json::to_vec(&message).unwrap_or_default())
+        .send()
+        .await;
+    let failed =
+        |reason: String| request_id.clone().map(|id| mcp_error(id, crate::api::mcp::INTERNAL_ERROR, &reason));
+    let response = match sent {
+        Ok(r) => r,
+        Err(e) => return failed(format!("cannot reach the agentmesh daemon at {api}: {e}")),
+    };
+    let status = response.status();
+    if status == reqwest::StatusCode::ACCEPTED {
+        return None;
+    }
+    match response.json::<Value>().await {
+        Ok(answer) if answer.get("jsonrpc").is_some() => Some(answer),
+        Ok(_) | Err(_) => {
+            failed(format!("the agentmesh daemon at {api} answered {status} without a JSON-RPC message"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

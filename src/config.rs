@@ -81,6 +81,9 @@ pub struct Config {
     pub well_known_agent: Option<String>,
     /// `text` or `json`. Default `text`.
     pub log_format: LogFormat,
+    /// How `/api/v1/discovery/context` counts tokens unless a request names a tokenizer: `chars4`
+    /// (four characters a token), or exactly with `cl100k_base` or `o200k_base`. Default `chars4`.
+    pub tokenizer: String,
     /// Key that lets non-loopback clients write. Default unset: only loopback clients may write.
     pub api_key: Option<String>,
     /// A closed mesh's pre-shared key file (`/key/swarm/psk/1.0.0/` format, made by
@@ -120,6 +123,7 @@ impl Default for Config {
             card_poll_interval: defaults::CARD_POLL_INTERVAL,
             well_known_agent: None,
             log_format: LogFormat::Text,
+            tokenizer: "chars4".to_owned(),
             api_key: None,
             network_key: None,
             allowed_publishers: Vec::new(),
@@ -149,6 +153,7 @@ impl fmt::Debug for Config {
             .field("card_poll_interval", &self.card_poll_interval)
             .field("well_known_agent", &self.well_known_agent)
             .field("log_format", &self.log_format)
+            .field("tokenizer", &self.tokenizer)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("network_key", &self.network_key)
             .field("allowed_publishers", &self.allowed_publishers)
@@ -242,6 +247,12 @@ impl Config {
             if let Err(e) = crate::card::check_id("well_known_agent", id) {
                 return invalid("well_known_agent", e.to_string());
             }
+        }
+        if crate::search::context::Counter::parse(&self.tokenizer).is_none() {
+            return invalid(
+                "tokenizer",
+                format!("`{}`: use chars4, cl100k_base or o200k_base", self.tokenizer),
+            );
         }
         if self.api_key.as_deref().is_some_and(|k| k.len() < 16) {
             return invalid("api_key", "must be at least 16 characters".into());

@@ -41,6 +41,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Peers { api } => print(agentmesh::client::peers(&api).await),
+        // Logs go to stderr; stdout carries only MCP messages.
+        Command::Mcp { api } => agentmesh::client::mcp_stdio(&api).await,
         Command::Discover(args) => print(agentmesh::client::discover(&args).await),
         Command::Agents(args) => print(agentmesh::client::agents(&args).await),
         Command::Card(CardCommand::Validate { file }) => print(agentmesh::client::validate(&file)),

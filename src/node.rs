@@ -18,6 +18,7 @@ use crate::defaults::STORE_DIR;
 use crate::identity::{Identity, IdentityError};
 use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
+use crate::search::context::Counter;
 use crate::tasks::{TaskError, Tasks, Ticks};
 
 /// How long shutdown waits for open HTTP requests.
@@ -117,6 +118,11 @@ impl Node {
         let mut tasks = Tasks::new(CancellationToken::new());
         let net = net::spawn(net_config, identity.keypair().clone(), registry.clone(), &mut tasks).await?;
 
+        let tokenizer = Counter::parse(&config.tokenizer).unwrap_or_default();
+        // Exact tokenizers load their tables once, here, not in the first request.
+        tokio::task::spawn_blocking(move || tokenizer.warm())
+            .await
+            .map_err(|e| TaskError::Failed { task: "tokenizer load", reason: e.to_string() })?;
         let listener = tokio::net::TcpListener::bind(config.http)
             .await
             .map_err(|source| NodeError::Bind { addr: config.http, source })?;
@@ -127,7 +133,8 @@ impl Node {
         }
         let state = AppState::new(registry.clone(), config.api_key.clone())
             .with_net(net.clone())
-            .with_well_known_agent(config.well_known_agent.clone());
+            .with_well_known_agent(config.well_known_agent.clone())
+            .with_tokenizer(tokenizer);
         tasks.spawn_loop("watcher", crate::watch::run(registry.clone(), state.watch.clone(), tasks.token()));
         tasks.spawn_loop(
             "eviction",

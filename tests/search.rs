@@ -158,6 +158,30 @@ async fn context_tiers_keep_their_budgets_and_tier0_depends_on_the_view_alone() 
     assert!(headers["content-type"].to_str().unwrap().starts_with("text/plain"));
     assert!(text.chars().count().div_ceil(4) <= 200, "{text}");
     assert!(!text.is_empty());
+
+    // Exact counts with a BPE tokenizer, under the same budgets.
+    for name in ["cl100k_base", "o200k_base"] {
+        let (status, exact) = n
+            .get(&format!(
+                "/api/v1/discovery/context?q=send%20an%20email&format=json&tokenizer={name}&tier1_tokens=40"
+            ))
+            .await;
+        assert_eq!(status, 200, "{exact}");
+        assert_eq!(exact["tokenizer"], name);
+        let bpe = if name == "cl100k_base" {
+            tiktoken_rs::cl100k_base_singleton()
+        } else {
+            tiktoken_rs::o200k_base_singleton()
+        };
+        for (tier, budget) in [("tier0", 200), ("tier1", 40), ("tier2", 2000)] {
+            let t = &exact[tier];
+            let counted = bpe.count_ordinary(t["text"].as_str().unwrap());
+            assert_eq!(t["tokens"].as_u64(), Some(counted as u64), "{name} {tier}: {t}");
+            assert!(counted <= budget, "{name} {tier}: {t}");
+        }
+    }
+    let (status, body) = n.get("/api/v1/discovery/context?q=x&tokenizer=gpt2").await;
+    assert_eq!((status, body["details"]["parameter"].as_str()), (400, Some("tokenizer")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,7 @@ const LIMIT_ALLOWED: &[&str] = &["1-50"];
 const RELEVANCE_ALLOWED: &[&str] = &["0.0-1.0"];
 const FORMAT_ALLOWED: &[&str] = &["text", "json"];
 const FLAVOR_ALLOWED: &[&str] = &["openai", "anthropic", "mcp"];
+const TOKENIZER_ALLOWED: &[&str] = &["chars4", "cl100k_base", "o200k_base"];
 const TOKENS_ALLOWED: &[&str] = &["0-32000"];
 const TOP_K_ALLOWED: &[&str] = &["0-50"];
 
@@ -111,7 +112,7 @@ impl Params {
 }
 
 /// Runs `req` over `snapshot`, one at a time with discovery's cache misses (`discovery_permits`).
-async fn run(app: &AppState, snapshot: &Snapshot, req: &Request) -> Result<Answer, ApiError> {
+pub(super) async fn run(app: &AppState, snapshot: &Snapshot, req: &Request) -> Result<Answer, ApiError> {
     let _permit = app.discovery_permits.acquire().await.map_err(|e| ApiError::internal(&e))?;
     let now = now_millis();
     Ok(super::discovery::off_the_worker(|| app.search.search(snapshot, req, now, app.registry.thresholds())))
@@ -163,7 +164,6 @@ pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Res
 }
 
 /// `GET /api/v1/discovery/context`.
-/// `GET /api/v1/discovery/context`.
 pub async fn context(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref().unwrap_or_default());
     let mut req = params.request()?;
@@ -190,7 +190,14 @@ pub async fn context(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Re
     // One snapshot for the search and Tier 0, so that both describe the same view.
     let snapshot = app.registry.snapshot();
     let answer = run(&app, &snapshot, &req).await?;
-    let counter = Counter::default();
+    let counter = match params.get("tokenizer") {
+        None => app.tokenizer,
+        Some(name) => Counter::parse(name).ok_or_else(|| ParamError {
+            parameter: "tokenizer",
+            provided: name.to_owned(),
+            allowed: TOKENIZER_ALLOWED,
+        })?,
+    };
     let tiers = app.search.context(&snapshot, &answer.results, &budgets, counter, text);
     if text {
         let mut response = tiers.text().into_response();

@@ -42,19 +42,45 @@ pub enum Counter {
     /// Four characters per token, rounded up: the usual estimate for English text.
     #[default]
     Chars4,
+    /// Exact: OpenAI's `cl100k_base` encoding (GPT-4, GPT-3.5).
+    Cl100kBase,
+    /// Exact: OpenAI's `o200k_base` encoding (GPT-4o and later).
+    O200kBase,
 }
 
 impl Counter {
+    /// Every counter, by [`Counter::name`].
+    pub const ALL: [Counter; 3] = [Counter::Chars4, Counter::Cl100kBase, Counter::O200kBase];
+
     pub fn count(self, text: &str) -> usize {
         match self {
             Counter::Chars4 => text.chars().count().div_ceil(4),
+            // Special-token text (`<|endoftext|>`) is counted as the ordinary text it is here.
+            Counter::Cl100kBase => tiktoken_rs::cl100k_base_singleton().count_ordinary(text),
+            Counter::O200kBase => tiktoken_rs::o200k_base_singleton().count_ordinary(text),
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Counter::Chars4 => "chars/4",
+            Counter::Cl100kBase => "cl100k_base",
+            Counter::O200kBase => "o200k_base",
         }
+    }
+
+    /// The counter named `name` (`chars4` also names the estimate).
+    pub fn parse(name: &str) -> Option<Counter> {
+        let name = name.to_ascii_lowercase();
+        if name == "chars4" {
+            return Some(Counter::Chars4);
+        }
+        Counter::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Loads the counter's tables now (a first exact count otherwise pays for it).
+    pub fn warm(self) {
+        self.count("warm");
     }
 }
 

@@ -228,7 +228,7 @@ fn tiers_never_exceed_their_budgets() {
         req.min_relevance = 0.0;
         req.limit = 10;
         let answer = engine.search(&snap, &req, 10, &thresholds());
-        let c = Counter::Chars4;
+        let c = Counter::ALL[round as usize % Counter::ALL.len()];
         let b = Budgets {
             tier0: budgets[0],
             tier1: budgets[1],

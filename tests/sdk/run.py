@@ -83,10 +83,11 @@ def main(binary: str) -> int:
         scripts = [
             ["agentfield_client.py", a.api, b.api],
             ["a2a_client.py", a.api, b.api, "research-agent"],
+            ["mcp_client.py", binary, a.api, b.api],
         ]
         for script, *args in scripts:
             print(f"== {script}", flush=True)
-            if subprocess.run([sys.executable, os.path.join(HERE, script), *args]).returncode != 0:
+            if subprocess.run([sys.executable, os.path.join(HERE, script), *args], timeout=300).returncode != 0:
                 failed.append(script)
     finally:
         a.stop()

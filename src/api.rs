@@ -57,6 +57,8 @@ pub struct AppState {
     pub well_known_agent: Option<Arc<str>>,
     /// How the context tiers count tokens when a request names no tokenizer.
     pub tokenizer: crate::search::context::Counter,
+    /// What the capability-manifest directories serve, when the node has any.
+    pub manifests: Option<Arc<crate::manifest::reload::Manifests>>,
 }
 
 impl AppState {
@@ -82,6 +84,7 @@ impl AppState {
             net: None,
             well_known_agent: None,
             tokenizer: Default::default(),
+            manifests: None,
         }
     }
 
@@ -92,6 +95,11 @@ impl AppState {
 
     pub fn with_well_known_agent(mut self, agent_id: Option<String>) -> Self {
         self.well_known_agent = agent_id.map(Into::into);
+        self
+    }
+
+    pub fn with_manifests(mut self, manifests: Arc<crate::manifest::reload::Manifests>) -> Self {
+        self.manifests = Some(manifests);
         self
     }
 
@@ -129,6 +137,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/nodes/{id}", get(agentfield::get_node))
         .route("/api/v1/mesh/status", get(mesh_status))
         .route("/api/v1/mesh/peers", get(mesh_peers))
+        .route("/api/v1/manifests", get(manifests))
         .merge(writes)
         .fallback(|| async { ApiError::NotFound("route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -171,6 +180,12 @@ async fn mesh_status(State(app): State<AppState>) -> Result<Response, ApiError> 
 async fn mesh_peers(State(app): State<AppState>) -> Result<Response, ApiError> {
     let peers = mesh(&app)?.peers().await.map_err(|e| ApiError::internal(&e))?;
     Ok(Json(json!({"peers": peers, "count": peers.len()})).into_response())
+}
+
+/// What each capability-manifest directory serves and what is wrong with it (empty without any).
+async fn manifests(State(app): State<AppState>) -> Json<serde_json::Value> {
+    let reports = app.manifests.as_ref().map(|m| m.reports()).unwrap_or_default();
+    Json(json!({ "dirs": reports.as_slice() }))
 }
 
 /// Lets a write through when the client is on loopback or presents the API key (`X-API-Key` or

@@ -330,6 +330,15 @@ impl AgentCard {
 }
 
 impl Capability {
+    /// Minifies schemas and examples, then checks the rules one capability meets on its own (those of
+    /// a whole card, such as unique ids and the size limit, are [`AgentCard::validate`]'s). `at` prefixes
+    /// the field paths of errors (`skills[2]`). Lets a caller refuse one bad capability and keep the rest.
+    pub fn normalized(mut self, at: &str) -> Result<Self, CardError> {
+        self.minify(at)?;
+        self.validate(at)?;
+        Ok(self)
+    }
+
     fn minify(&mut self, at: &str) -> Result<(), CardError> {
         for (slot, name) in
             [(&mut self.input_schema, "input_schema"), (&mut self.output_schema, "output_schema")]

@@ -186,6 +186,15 @@ pub struct RunArgs {
     /// Card file (JSON) to register at start (repeatable; comma-separated in the variable).
     #[arg(long = "card", env = "AGENTMESH_CARDS", value_name = "PATH", value_delimiter = ',')]
     pub cards: Vec<PathBuf>,
+    /// Capability-manifest directory: one local agent from its CAPABILITY.yaml files, reloaded when
+    /// they change (repeatable; comma-separated in the variable).
+    #[arg(
+        long = "capabilities-dir",
+        env = "AGENTMESH_CAPABILITIES_DIRS",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    pub capabilities_dirs: Vec<PathBuf>,
     /// Probe local card/native agents this often (GET base_url + probe path); unset: no probes.
     #[arg(long, env = "AGENTMESH_PROBE_INTERVAL", value_name = "DURATION", value_parser = duration)]
     pub probe_interval: Option<Duration>,
@@ -268,6 +277,9 @@ impl RunArgs {
         }
         if !self.cards.is_empty() {
             c.cards = self.cards.clone();
+        }
+        if !self.capabilities_dirs.is_empty() {
+            c.capabilities_dirs = self.capabilities_dirs.clone();
         }
         if let Some(v) = self.probe_interval {
             c.probe_interval = Some(v);
@@ -359,6 +371,20 @@ mod tests {
         assert!(e.contains("--http"), "{e}");
         std::env::remove_var("AGENTMESH_HTTP");
         std::env::remove_var("AGENTMESH_BOOTSTRAP");
+
+        let c = run_args(&["run", "--capabilities-dir", "a", "--capabilities-dir", "b"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(c.capabilities_dirs, [PathBuf::from("a"), PathBuf::from("b")]);
+        std::env::set_var("AGENTMESH_CAPABILITIES_DIRS", "x,y");
+        let c = run_args(&["run"]).unwrap().resolve().unwrap();
+        assert_eq!(
+            c.capabilities_dirs,
+            [PathBuf::from("x"), PathBuf::from("y")],
+            "the variable, comma-separated"
+        );
+        std::env::remove_var("AGENTMESH_CAPABILITIES_DIRS");
 
         let e = run_args(&["run", "--heartbeat-interval", "fast"]).unwrap_err().to_string();
         assert!(e.contains("--heartbeat-interval"), "{e}");

@@ -63,6 +63,10 @@ pub struct Config {
     pub evict_after: Duration,
     /// Card files (JSON) registered as local agents at start. Default none.
     pub cards: Vec<PathBuf>,
+    /// Capability-manifest directories (`CAPABILITY.yaml` files, see [`crate::manifest`]): each one a
+    /// local agent, rebuilt when its files change. A directory that does not exist is an error at
+    /// start. Default none.
+    pub capabilities_dirs: Vec<PathBuf>,
     /// How often to probe local agents registered by card file or the native API (GET base_url +
     /// probe_path). Default unset: no probes; the node vouches for them while it runs.
     #[serde(with = "humantime_serde")]
@@ -117,6 +121,7 @@ impl Default for Config {
             inactive_after: defaults::INACTIVE_AFTER,
             evict_after: defaults::EVICT_AFTER,
             cards: Vec::new(),
+            capabilities_dirs: Vec::new(),
             probe_interval: None,
             probe_path: defaults::PROBE_PATH.to_owned(),
             card_urls: Vec::new(),
@@ -147,6 +152,7 @@ impl fmt::Debug for Config {
             .field("inactive_after", &self.inactive_after)
             .field("evict_after", &self.evict_after)
             .field("cards", &self.cards)
+            .field("capabilities_dirs", &self.capabilities_dirs)
             .field("probe_interval", &self.probe_interval)
             .field("probe_path", &self.probe_path)
             .field("card_urls", &self.card_urls)
@@ -229,6 +235,14 @@ impl Config {
                 return invalid(setting, reason);
             }
         }
+        for (i, dir) in self.capabilities_dirs.iter().enumerate() {
+            if dir.as_os_str().is_empty() {
+                return invalid("capabilities_dirs", "an empty path".into());
+            }
+            if self.capabilities_dirs[..i].contains(dir) {
+                return invalid("capabilities_dirs", format!("`{}` is listed twice", dir.display()));
+            }
+        }
         if self.probe_interval.is_some_and(|p| p.is_zero()) {
             return invalid("probe_interval", "must be above zero".into());
         }
@@ -302,6 +316,16 @@ mod tests {
         assert_eq!(c.http.port(), 9999);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
         assert_eq!(c.degraded_after, defaults::DEGRADED_AFTER);
+    }
+
+    #[test]
+    fn capabilities_dirs_are_read_and_a_repeated_one_is_refused() {
+        let c = Config::from_toml("capabilities_dirs = [\"caps/weather\", \"caps/mail\"]\n").unwrap();
+        assert_eq!(c.capabilities_dirs, [PathBuf::from("caps/weather"), PathBuf::from("caps/mail")]);
+        c.validate().unwrap();
+        let c = Config::from_toml("capabilities_dirs = [\"caps\", \"caps\"]\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("capabilities_dirs") && e.contains("twice"), "{e}");
     }
 
     #[test]

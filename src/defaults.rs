@@ -189,3 +189,22 @@ pub const MAX_SUSPECTS: usize = 256;
 
 /// Peers tracked at most for strikes and bans; the oldest entries go first beyond it.
 pub const MAX_TRACKED_PEERS: usize = 4096;
+
+/// How often capability-manifest directories are checked for changes: a listing and a few `stat`
+/// calls per directory, no reads.
+pub const MANIFEST_POLL_PERIOD: Duration = Duration::from_millis(250);
+/// How long a manifest directory's files must stay unchanged before they are read: an editor's burst
+/// of writes (temporary file, rename, attributes) becomes one reload.
+pub const MANIFEST_DEBOUNCE: Duration = Duration::from_millis(500);
+/// Most capability manifests one directory is read for (the first in path order): a card holds at
+/// most `MAX_CAPABILITIES` reasoners and skills.
+pub const MAX_MANIFESTS_PER_DIR: usize = MAX_CAPABILITIES;
+/// Most entries of a manifest directory looked at per poll: a directory named by mistake (`/`, a
+/// home directory) costs a bounded listing.
+pub const MAX_MANIFEST_DIR_ENTRIES: usize = 4 * MAX_MANIFESTS_PER_DIR;
+/// Largest manifest file read (`CAPABILITY.yaml`, `AGENT.yaml`, `SKILL.md`, `schema.json`).
+pub const MAX_MANIFEST_FILE_BYTES: usize = 64 * 1024;
+/// Longest capability description made from a manifest: `description`, a blank line, then as much of
+/// `SKILL.md` as fits, cut at a line boundary. Cards have no description limit of their own, only
+/// `MAX_CARD_BYTES` in all; this keeps a dozen documented capabilities well inside it.
+pub const MAX_MANIFEST_DESCRIPTION_BYTES: usize = 4 * 1024;

@@ -18,6 +18,8 @@
 //!   tombstones; verification before decoding (pure).
 //! - [`net`]: the mesh: one event-loop task owns the libp2p swarm (gossipsub, Kademlia, mDNS, identify,
 //!   ping, request-response sync); an ingest worker verifies and applies what peers send.
+//! - [`manifest`]: capability manifests: directories of YAML files, each one local agent, parsed
+//!   purely ([`manifest::parse`]), polled and hot-reloaded by their task ([`manifest::reload`]).
 //! - [`probe`]: optional liveness probes of local agents that do not heartbeat for themselves, and the
 //!   polling of agents' own card URLs.
 //! - [`watch`]: registry change events (added, updated, health changed, removed) for the watch stream.
@@ -26,7 +28,7 @@
 //!   non-overlapping periodic timer its loops share.
 //!
 //! Tasks, all in one supervised set: the HTTP server, the mesh event loop, the ingest worker, the
-//! watcher, eviction, and (when configured) probes and card-URL polling. Writers are serialised by the
+//! watcher, eviction, and (when configured) probes, card-URL polling and capability manifests. Writers are serialised by the
 //! registry; readers never block.
 
 pub mod api;
@@ -37,6 +39,7 @@ pub mod clock;
 pub mod config;
 pub mod defaults;
 pub mod identity;
+pub mod manifest;
 pub mod net;
 pub mod node;
 pub mod probe;

@@ -1,4 +1,5 @@
-//! The node: wires identity, registry and HTTP API together and owns their shutdown.
+//! The node: wires identity, registry, card files, capability manifests and the HTTP API together and
+//! owns their shutdown.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use crate::clock::now_millis;
 use crate::config::Config;
 use crate::defaults::STORE_DIR;
 use crate::identity::{Identity, IdentityError};
+use crate::manifest::reload::Reloader;
 use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
 use crate::search::context::Counter;
@@ -34,6 +36,8 @@ pub enum NodeError {
     CardRead { path: PathBuf, source: std::io::Error },
     #[error("invalid card file {path}: {source}")]
     CardInvalid { path: PathBuf, source: CardError },
+    #[error(transparent)]
+    Manifests(#[from] crate::manifest::reload::ReloadError),
     #[error("cannot listen for HTTP on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
@@ -67,6 +71,8 @@ impl Node {
     /// Opens the data dir, registers the configured card files and starts serving.
     pub async fn start(config: Config) -> Result<Self, NodeError> {
         let psk = config.network_key.as_deref().map(read_network_key).transpose()?;
+        // Before anything is opened: a misspelt directory should stop the start, not serve nothing.
+        crate::manifest::reload::check_dirs(&config.capabilities_dirs)?;
         let identity = Identity::load_or_create(&config.data_dir)?;
         let peer_id = identity.peer_id();
         let store_dir = config.data_dir.join(STORE_DIR);
@@ -131,10 +137,21 @@ impl Node {
         if !http_addr.ip().is_loopback() && config.api_key.is_none() {
             tracing::warn!(%http_addr, "HTTP API is reachable beyond loopback; without an api_key only loopback clients can write");
         }
-        let state = AppState::new(registry.clone(), config.api_key.clone())
+        let mut state = AppState::new(registry.clone(), config.api_key.clone())
             .with_net(net.clone())
             .with_well_known_agent(config.well_known_agent.clone())
             .with_tokenizer(tokenizer);
+        if !config.capabilities_dirs.is_empty() {
+            // Registered before the API serves, like card files; reloads follow in the task.
+            let reloader = Reloader::start(
+                registry.clone(),
+                config.capabilities_dirs.clone(),
+                crate::manifest::reload::node_base_url(http_addr),
+            )
+            .await?;
+            state = state.with_manifests(reloader.manifests());
+            tasks.spawn("capability manifests", reloader.run(tasks.token()));
+        }
         tasks.spawn_loop("watcher", crate::watch::run(registry.clone(), state.watch.clone(), tasks.token()));
         tasks.spawn_loop(
             "eviction",

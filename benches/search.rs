@@ -15,6 +15,7 @@ use agentmesh::card::AgentCard;
 use agentmesh::registry::health::Thresholds;
 use agentmesh::registry::{Entry, Origin, RecordKey, Snapshot};
 use agentmesh::search::context::{Budgets, Counter};
+use agentmesh::search::semantic::Semantic;
 use agentmesh::search::text::words;
 use agentmesh::search::{Engine, Request};
 use libp2p::identity::Keypair;
@@ -241,11 +242,44 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
                 .collect::<Vec<_>>()
         }
     };
-    let rankers: Vec<Ranker<'_>> = vec![
+    // With a model (AGENTMESH_TEST_MODEL_DIR: a sentence-transformers directory), the semantic and
+    // hybrid rankers too.
+    let model = std::env::var_os("AGENTMESH_TEST_MODEL_DIR").map(std::path::PathBuf::from);
+    let with_model = model.map(|dir| {
+        let semantic = Semantic::load(&dir, None).expect("the model loads");
+        let engine = Engine::with_semantic(Arc::new(semantic));
+        let started = Instant::now();
+        let n = engine.catch_up(&snap, || false).expect("capabilities embed");
+        eprintln!("embedded {n} capabilities in {:.1} s", started.elapsed().as_secs_f64());
+        engine
+    });
+    let mut rankers: Vec<Ranker<'_>> = vec![
         ("plain BM25", Box::new(|q: &str| plain.rank(q))),
         ("lexical", Box::new(search(false))),
         ("lexical+graph", Box::new(search(true))),
     ];
+    if let Some(engine) = &with_model {
+        let snap = &snap;
+        let thresholds = &thresholds;
+        let run = move |lexical: bool, graph: bool| {
+            move |q: &str| {
+                let mut req = Request::new(q);
+                req.limit = 10;
+                req.min_relevance = 0.0;
+                req.graph = graph;
+                req.lexical = lexical;
+                engine
+                    .search(snap, &req, 10, thresholds)
+                    .results
+                    .into_iter()
+                    .map(|f| f.target)
+                    .collect::<Vec<_>>()
+            }
+        };
+        rankers.push(("semantic", Box::new(run(false, false))));
+        rankers.push(("hybrid", Box::new(run(true, false))));
+        rankers.push(("hybrid+graph", Box::new(run(true, true))));
+    }
     for (name, rank) in &rankers {
         let mut by_kind: Vec<(String, Scores)> = Vec::new();
         let mut all = Scores::default();
@@ -267,23 +301,26 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
         println!("{}", all.row(name, "all"));
     }
     // Relevance calibration: how often the right answer clears the default floor of 0.3.
-    let mut above = 0;
-    let mut top_right = 0;
-    for q in queries {
-        let mut req = Request::new(&q.q);
-        req.graph = false;
-        let found = engine.search(&snap, &req, 10, &thresholds).results;
-        if found.first().is_some_and(|f| q.grades.get(&f.target) == Some(&2)) {
-            top_right += 1;
+    for (name, engine) in [("lexical", Some(&engine)), ("hybrid", with_model.as_ref())] {
+        let Some(engine) = engine else { continue };
+        let mut above = 0;
+        let mut top_right = 0;
+        for q in queries {
+            let mut req = Request::new(&q.q);
+            req.graph = false;
+            let found = engine.search(&snap, &req, 10, &thresholds).results;
+            if found.first().is_some_and(|f| q.grades.get(&f.target) == Some(&2)) {
+                top_right += 1;
+            }
+            if found.iter().any(|f| q.grades.get(&f.target) == Some(&2)) {
+                above += 1;
+            }
         }
-        if found.iter().any(|f| q.grades.get(&f.target) == Some(&2)) {
-            above += 1;
-        }
+        println!(
+            "\nWith the default min_relevance 0.3 and limit 5 ({name}): a right answer is returned for {above} of {} queries, first for {top_right}.",
+            queries.len()
+        );
     }
-    println!(
-        "\nWith the default min_relevance 0.3 and limit 5 (lexical): a right answer is returned for {above} of {} queries, first for {top_right}.",
-        queries.len()
-    );
     // Tokens: the tiers for each query against every schema dumped into the prompt.
     let counter = Counter::Chars4;
     let dump: usize = cards

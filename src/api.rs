@@ -98,6 +98,12 @@ impl AppState {
         self
     }
 
+    /// Search with this engine (one that also ranks by meaning, say).
+    pub fn with_search(mut self, search: Arc<crate::search::Engine>) -> Self {
+        self.search = search;
+        self
+    }
+
     pub fn with_manifests(mut self, manifests: Arc<crate::manifest::reload::Manifests>) -> Self {
         self.manifests = Some(manifests);
         self

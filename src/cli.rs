@@ -217,6 +217,10 @@ pub struct RunArgs {
     /// How the context tiers count tokens by default: chars4, cl100k_base or o200k_base.
     #[arg(long, env = "AGENTMESH_TOKENIZER", value_name = "NAME")]
     pub tokenizer: Option<String>,
+    /// A local sentence-transformers model directory (config.json, model.safetensors,
+    /// tokenizer.json) that search also ranks by meaning with.
+    #[arg(long, env = "AGENTMESH_EMBEDDING_MODEL", value_name = "DIR")]
+    pub embedding_model: Option<PathBuf>,
     /// Key that lets non-loopback clients write (prefer the variable: flags show in `ps`).
     #[arg(long, env = "AGENTMESH_API_KEY", value_name = "KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -301,6 +305,9 @@ impl RunArgs {
         }
         if let Some(v) = &self.tokenizer {
             c.tokenizer = v.clone();
+        }
+        if let Some(v) = &self.embedding_model {
+            c.embedding_model = Some(v.clone());
         }
         if let Some(v) = &self.api_key {
             c.api_key = Some(v.clone());

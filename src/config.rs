@@ -85,6 +85,9 @@ pub struct Config {
     pub well_known_agent: Option<String>,
     /// `text` or `json`. Default `text`.
     pub log_format: LogFormat,
+    /// A local sentence-transformers model directory (`config.json`, `model.safetensors`,
+    /// `tokenizer.json`; BERT family) that search also ranks by meaning with. Default unset: words only.
+    pub embedding_model: Option<PathBuf>,
     /// How `/api/v1/discovery/context` counts tokens unless a request names a tokenizer: `chars4`
     /// (four characters a token), or exactly with `cl100k_base` or `o200k_base`. Default `chars4`.
     pub tokenizer: String,
@@ -129,6 +132,7 @@ impl Default for Config {
             well_known_agent: None,
             log_format: LogFormat::Text,
             tokenizer: "chars4".to_owned(),
+            embedding_model: None,
             api_key: None,
             network_key: None,
             allowed_publishers: Vec::new(),
@@ -160,6 +164,7 @@ impl fmt::Debug for Config {
             .field("well_known_agent", &self.well_known_agent)
             .field("log_format", &self.log_format)
             .field("tokenizer", &self.tokenizer)
+            .field("embedding_model", &self.embedding_model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("network_key", &self.network_key)
             .field("allowed_publishers", &self.allowed_publishers)

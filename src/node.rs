@@ -21,6 +21,7 @@ use crate::manifest::reload::Reloader;
 use crate::net::{self, NetConfig, NetError, NetHandle};
 use crate::registry::{Liveness, Registry, RegistryError};
 use crate::search::context::Counter;
+use crate::search::semantic::Semantic;
 use crate::tasks::{TaskError, Tasks, Ticks};
 
 /// How long shutdown waits for open HTTP requests.
@@ -44,6 +45,8 @@ pub enum NodeError {
     Task(#[from] TaskError),
     #[error(transparent)]
     Net(#[from] NetError),
+    #[error("cannot load the embedding model: {0}")]
+    Semantic(#[from] crate::search::semantic::SemanticError),
     #[error("cannot read network key file {path}: {reason}")]
     NetworkKey { path: PathBuf, reason: String },
 }
@@ -53,6 +56,42 @@ pub fn read_network_key(path: &std::path::Path) -> Result<PreSharedKey, NodeErro
     let err = |reason: String| NodeError::NetworkKey { path: path.to_owned(), reason };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     text.parse::<PreSharedKey>().map_err(|e| err(format!("not a `/key/swarm/psk/1.0.0/` key: {e:?}")))
+}
+
+/// The embedding cache, under the data dir.
+const EMBEDDINGS_DIR: &str = "embeddings";
+/// How often the embedding task looks for a changed view.
+const EMBED_POLL: Duration = Duration::from_millis(500);
+
+/// Keeps capability embeddings in step with the view, off the request path: on each view change it
+/// embeds what is new (a blocking thread, batch by batch), starting over when the view moves on.
+async fn embed_view(
+    engine: Arc<crate::search::Engine>,
+    registry: Arc<Registry>,
+    cancel: CancellationToken,
+) -> Result<(), crate::search::semantic::SemanticError> {
+    let mut done = None;
+    let mut ticks = Ticks::new(EMBED_POLL, cancel.clone());
+    while ticks.next().await {
+        let snapshot = registry.snapshot();
+        if done == Some(snapshot.generation) {
+            continue;
+        }
+        let (engine, registry, cancel) = (engine.clone(), registry.clone(), cancel.clone());
+        let generation = snapshot.generation;
+        let started = std::time::Instant::now();
+        let computed = tokio::task::spawn_blocking(move || {
+            engine
+                .catch_up(&snapshot, || cancel.is_cancelled() || registry.snapshot().generation != generation)
+        })
+        .await
+        .map_err(|e| crate::search::semantic::SemanticError::Background(e.to_string()))??;
+        if computed > 0 {
+            tracing::info!(target: "agentmesh::search", computed, took_ms = started.elapsed().as_millis() as u64, "capabilities embedded");
+        }
+        done = Some(generation);
+    }
+    Ok(())
 }
 
 /// How long shutdown waits for the goodbye to leave.
@@ -141,6 +180,17 @@ impl Node {
             .with_net(net.clone())
             .with_well_known_agent(config.well_known_agent.clone())
             .with_tokenizer(tokenizer);
+        if let Some(model) = config.embedding_model.clone() {
+            let cache = config.data_dir.join(EMBEDDINGS_DIR);
+            let semantic =
+                tokio::task::spawn_blocking(move || Semantic::load(&model, Some(&cache))).await.map_err(
+                    |e| TaskError::Failed { task: "embedding model load", reason: e.to_string() },
+                )??;
+            tracing::info!(model = %semantic.model_id(), "embedding model loaded: search ranks by meaning too");
+            let engine = Arc::new(crate::search::Engine::with_semantic(Arc::new(semantic)));
+            state = state.with_search(engine.clone());
+            tasks.spawn("capability embedding", embed_view(engine, registry.clone(), tasks.token()));
+        }
         if !config.capabilities_dirs.is_empty() {
             // Registered before the API serves, like card files; reloads follow in the task.
             let reloader = Reloader::start(

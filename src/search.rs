@@ -7,8 +7,10 @@
 //! 0..=1 that means the same across queries. [`context`] builds the token-budgeted tiers from it.
 
 pub mod context;
+pub mod embed;
 pub mod graph;
 pub mod index;
+pub mod semantic;
 pub mod text;
 
 use std::cmp::Ordering;
@@ -70,6 +72,8 @@ pub struct Request {
     pub kind: Kind,
     /// Re-rank through the capability graph.
     pub graph: bool,
+    /// Score words. Off (with a model): rank by meaning alone, as the benchmark compares.
+    pub lexical: bool,
     /// The discovery filters (ids, reasoner/skill patterns, tags, health), applied before ranking.
     pub filters: Query,
 }
@@ -82,6 +86,7 @@ impl Request {
             min_relevance: DEFAULT_MIN_RELEVANCE,
             kind: Kind::Any,
             graph: true,
+            lexical: true,
             filters: Query::default(),
         }
     }
@@ -120,7 +125,8 @@ pub struct Answer {
     pub results: Vec<Found>,
     /// Capabilities in the index (the whole view).
     pub total_indexed: usize,
-    /// The signals used: `lexical`, or `lexical+graph`.
+    /// The signals used: `lexical`, `lexical+graph`, `hybrid` or `hybrid+graph` (hybrid: a model ranks
+    /// by meaning too).
     pub ranking: &'static str,
 }
 
@@ -131,11 +137,35 @@ type Tier0Key = (u64, usize, Counter);
 #[derive(Debug, Default)]
 pub struct Engine {
     index: RwLock<Index>,
+    /// The semantic ranker, when a model is configured.
+    semantic: Option<Arc<semantic::Semantic>>,
     /// The last Tier 0 built, and what it was built for.
     tier0: Mutex<Option<(Tier0Key, Tier)>>,
 }
 
 impl Engine {
+    /// An engine that also ranks by meaning with `semantic`.
+    pub fn with_semantic(semantic: Arc<semantic::Semantic>) -> Self {
+        Self { semantic: Some(semantic), ..Self::default() }
+    }
+
+    pub fn semantic(&self) -> Option<&Arc<semantic::Semantic>> {
+        self.semantic.as_ref()
+    }
+
+    /// Embeds what `snapshot` holds that has no embedding yet (off the request path: the node runs
+    /// it as the view changes). Stops early when `stop` says so. Returns how many the model computed.
+    pub fn catch_up(
+        &self,
+        snapshot: &Snapshot,
+        stop: impl FnMut() -> bool,
+    ) -> Result<usize, embed::EmbedError> {
+        let Some(semantic) = &self.semantic else { return Ok(0) };
+        self.refresh(snapshot);
+        let plan = semantic.plan(&self.index.read().unwrap_or_else(|e| e.into_inner()));
+        semantic.apply(plan, stop)
+    }
+
     /// Brings the index to `snapshot` (only the cards that changed are re-indexed).
     pub fn refresh(&self, snapshot: &Snapshot) {
         let current = self.index.read().map(|i| i.generation()).unwrap_or(0);
@@ -188,7 +218,13 @@ impl Engine {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let terms = index.query_terms(&req.q);
         let admit = |doc: &Doc| admits(doc, req, now, thresholds);
-        let mut scored = index.score(&terms, admit);
+        let mut scored = if req.lexical { index.score(&terms, admit) } else { Vec::new() };
+        let ready = self.semantic.as_ref().and_then(|s| s.ready(&req.q, index.generation()));
+        if let Some(ready) = &ready {
+            scored = fuse(&index, &scored, ready, admit);
+        }
+        let hybrid = ready.is_some();
+        drop(ready);
         let order = |a: &index::Scored, b: &index::Scored| {
             b.relevance.partial_cmp(&a.relevance).unwrap_or(Ordering::Equal).then_with(|| a.doc.cmp(&b.doc))
         };
@@ -225,6 +261,7 @@ impl Engine {
                     matched: (0..FIELDS)
                         .filter(|f| s.fields & (1 << f) != 0)
                         .map(|f| FIELD_NAMES[f])
+                        .chain((s.fields & MEANING != 0).then_some("meaning"))
                         .collect(),
                     health: doc.entry.health(now, thresholds),
                 })
@@ -246,9 +283,56 @@ impl Engine {
         Answer {
             results: found,
             total_indexed: index.len(),
-            ranking: if req.graph { "lexical+graph" } else { "lexical" },
+            ranking: match (hybrid, req.graph) {
+                (false, false) => "lexical",
+                (false, true) => "lexical+graph",
+                (true, false) => "hybrid",
+                (true, true) => "hybrid+graph",
+            },
         }
     }
+}
+
+/// `Scored::fields` bit: the capability's meaning matched (the semantic ranker).
+const MEANING: u8 = 1 << FIELDS;
+
+/// Lexical and semantic relevance on one scale: a fixed share of each, the same for every query.
+/// Capabilities not embedded yet keep their lexical relevance; those that match by meaning alone
+/// join the candidates if the request admits them.
+fn fuse(
+    index: &Index,
+    lexical: &[index::Scored],
+    ready: &semantic::Ready<'_>,
+    mut admit: impl FnMut(&Doc) -> bool,
+) -> Vec<index::Scored> {
+    let slots = index.slots() as usize;
+    let mut lex: Vec<Option<(f32, u8)>> = vec![None; slots];
+    for s in lexical {
+        if let Some(slot) = lex.get_mut(s.doc as usize) {
+            *slot = Some((s.relevance, s.fields));
+        }
+    }
+    let mut out = Vec::with_capacity(lexical.len() * 2);
+    for (slot, lexical) in lex.into_iter().enumerate() {
+        let doc = slot as u32;
+        let Some(meaning) = ready.relevance(doc) else {
+            if let Some((relevance, fields)) = lexical {
+                out.push(index::Scored { doc, relevance, fields });
+            }
+            continue;
+        };
+        let (l, fields) = match lexical {
+            Some(found) => found,
+            None if meaning > 0.0 && index.doc(doc).is_some_and(&mut admit) => (0.0, 0),
+            None => continue,
+        };
+        let relevance = semantic::SEMANTIC_SHARE * meaning + (1.0 - semantic::SEMANTIC_SHARE) * l;
+        let fields = if meaning > 0.0 { fields | MEANING } else { fields };
+        if relevance > 0.0 {
+            out.push(index::Scored { doc, relevance, fields });
+        }
+    }
+    out
 }
 
 /// 0..=1 rounded to three decimals, as results show it.

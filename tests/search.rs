@@ -200,3 +200,33 @@ async fn the_tool_definition_comes_in_each_vendor_shape() {
     // About 80 tokens at four characters a token.
     assert!((200..=480).contains(&description.len()), "{}", description.len());
 }
+
+/// With `--embedding-model` (the real all-MiniLM-L6-v2 in `AGENTMESH_TEST_MODEL_DIR`; CI sets it), a
+/// node embeds its view in the background, ranks by meaning too, and keeps the embeddings on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_model_a_node_finds_capabilities_by_meaning() {
+    let Some(model) = std::env::var_os("AGENTMESH_TEST_MODEL_DIR") else {
+        println!("with_a_model_a_node_finds_capabilities_by_meaning skipped: set AGENTMESH_TEST_MODEL_DIR to a sentence-transformers all-MiniLM-L6-v2 directory");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path());
+    config.embedding_model = Some(model.into());
+    let n = TestNode::start(config).await;
+    n.register(&weather_card()).await;
+    n.register(&mail_card()).await;
+    // No word of the query is in the forecast's id, name, description or tags.
+    let q = "/api/v1/discovery/search?q=do%20I%20need%20an%20umbrella%20on%20Saturday";
+    let body = n
+        .wait_for("hybrid ranking", || async {
+            let (status, body) = n.get(q).await;
+            assert_eq!(status, 200, "{body}");
+            (body["ranking"] == "hybrid+graph").then_some(body)
+        })
+        .await;
+    assert_eq!(body["results"][0]["target"], "weather:skill:get_forecast", "{body}");
+    assert!(body["results"][0]["matched"].as_array().unwrap().contains(&json!("meaning")), "{body}");
+    let (_, lexical) = n.get("/api/v1/discovery/search?q=send%20an%20email&limit=1").await;
+    assert_eq!(lexical["results"][0]["target"], "mailer:skill:send-email", "{lexical}");
+    assert!(dir.path().join("embeddings").is_dir(), "the embedding cache is on disk");
+}

@@ -124,6 +124,11 @@ impl Index {
         self.live == 0
     }
 
+    /// Document slots (live or free): every document id is below it.
+    pub fn slots(&self) -> u32 {
+        self.docs.len() as u32
+    }
+
     pub fn doc(&self, id: u32) -> Option<&Doc> {
         self.docs.get(id as usize).and_then(Option::as_ref)
     }

@@ -146,7 +146,35 @@ fn main() {
         .iter()
         .map(|e| e.card.reasoners().count() + e.card.skills().count())
         .sum();
-    println!("{AGENTS} agents, {caps} capabilities, one thread, select + render (no HTTP, no cache)\n");
+    // `--while-embedding` (with AGENTMESH_TEST_MODEL_DIR): the same cases while another thread embeds
+    // capability texts without pause, as a node with `--embedding-model` does as a large view arrives.
+    let embedding = args.iter().any(|a| a == "--while-embedding").then(|| {
+        let dir = std::env::var_os("AGENTMESH_TEST_MODEL_DIR")
+            .expect("--while-embedding needs AGENTMESH_TEST_MODEL_DIR");
+        let model = agentmesh::search::embed::Embedder::load(Path::new(&dir)).expect("the model loads");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let texts: Vec<String> = registry
+            .snapshot()
+            .entries
+            .iter()
+            .take(64)
+            .map(|e| format!("{} {}", e.key.agent_id, e.card.json().chars().take(200).collect::<String>()))
+            .collect();
+        let flag = stop.clone();
+        let worker = std::thread::spawn(move || {
+            let mut embedded = 0usize;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for batch in texts.chunks(32) {
+                    let batch: Vec<&str> = batch.iter().map(String::as_str).collect();
+                    embedded += model.embed_background(&batch).map(|v| v.len()).unwrap_or(0);
+                }
+            }
+            embedded
+        });
+        (stop, worker, Instant::now())
+    });
+    let while_embedding = if embedding.is_some() { ", while another thread embeds texts" } else { "" };
+    println!("{AGENTS} agents, {caps} capabilities, one thread, select + render (no HTTP, no cache){while_embedding}\n");
     println!("| case | query | matched agents | body bytes | mean ms | p50 ms | p99 ms | select only, p50 ms | runs |");
     println!("|---|---|---|---|---|---|---|---|---|");
     measure("json, page of 100, no schemas", &registry, "limit=100");
@@ -165,6 +193,16 @@ fn main() {
     measure("json, tag filter", &registry, "tags=ml,vision&limit=100");
     measure("json, one agent", &registry, "agent=agent-04242");
     measure("json, last page", &registry, "limit=100&offset=9900");
+    if let Some((stop, worker, started)) = embedding {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let embedded = worker.join().expect("the embedding thread");
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "\nMeanwhile {embedded} texts embedded in {secs:.1} s ({:.0} a second).",
+            embedded as f64 / secs
+        );
+        return;
+    }
     if std::env::args().skip(1).any(|a| !a.starts_with("--")) {
         return;
     }

@@ -94,6 +94,8 @@ pub struct Embedder {
     model: BertModel,
     tokenizer: Tokenizer,
     pool: rayon::ThreadPool,
+    /// One thread at the lowest CPU priority, for embedding capabilities in the background.
+    background: rayon::ThreadPool,
     dim: usize,
     pad_id: u32,
     model_id: String,
@@ -217,7 +219,12 @@ impl Embedder {
             .num_threads(threads.max(1))
             .thread_name(|i| format!("embed-{i}"))
             .build()?;
-        Ok(Self { model, tokenizer, pool, dim: config.hidden_size, pad_id, model_id })
+        let background = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "embed-background".to_owned())
+            .start_handler(|_| lowest_priority())
+            .build()?;
+        Ok(Self { model, tokenizer, pool, background, dim: config.hidden_size, pad_id, model_id })
     }
 
     /// Length of every embedding (384 for all-MiniLM-L6-v2).
@@ -240,6 +247,16 @@ impl Embedder {
     /// Unit-length embeddings, one per text in the same order, each [`Embedder::dim`] long. Any
     /// number of texts; texts longer than [`MAX_TOKENS`] word pieces are cut.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_on(&self.pool, texts)
+    }
+
+    /// [`Embedder::embed`] on a thread of the lowest CPU priority (nice 19), tokenising included: for
+    /// work nobody waits on, so that it takes what the cores leave and requests keep their latency.
+    pub fn embed_background(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.background.install(|| self.embed_on(&self.background, texts))
+    }
+
+    fn embed_on(&self, pool: &rayon::ThreadPool, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut encoded = Vec::with_capacity(texts.len());
         for text in texts {
             let encoding =
@@ -251,7 +268,7 @@ impl Embedder {
         let mut out = vec![Vec::new(); texts.len()];
         for batch in order.chunks(BATCH) {
             let ids: Vec<&[u32]> = batch.iter().map(|&i| encoded[i].as_slice()).collect();
-            let vectors = self.pool.install(|| self.forward(&ids))?;
+            let vectors = pool.install(|| self.forward(&ids))?;
             for (&i, v) in batch.iter().zip(vectors) {
                 out[i] = v;
             }
@@ -293,6 +310,24 @@ impl Embedder {
             out.push(mean.into_iter().map(|x| x / norm).collect());
         }
         Ok(out)
+    }
+}
+
+/// Niceness of the background embedding thread: the lowest priority.
+const BACKGROUND_NICE: libc::c_int = 19;
+
+/// Lowers the calling thread to [`BACKGROUND_NICE`] (Linux schedules threads one by one; elsewhere
+/// nothing changes).
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers; the call only changes the
+        // scheduling priority of the calling thread.
+        let failed =
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, BACKGROUND_NICE) };
+        if failed != 0 {
+            tracing::debug!("could not lower the background embedding thread's priority");
+        }
     }
 }
 

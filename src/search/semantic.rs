@@ -310,7 +310,7 @@ impl Semantic {
                 break;
             }
             let texts: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
-            let vecs = self.embedder.embed(&texts)?;
+            let vecs = self.embedder.embed_background(&texts)?;
             for ((h, text), v) in batch.iter().zip(vecs) {
                 if let Some(disk) = &self.disk {
                     if disk.len() < MAX_DISK_VECTORS {

@@ -251,6 +251,27 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
         let started = Instant::now();
         let n = engine.catch_up(&snap, || false).expect("capabilities embed");
         eprintln!("embedded {n} capabilities in {:.1} s", started.elapsed().as_secs_f64());
+        // Query embeddings: the first time from the model, then from the LRU.
+        let semantic = engine.semantic().expect("a semantic engine");
+        let (mut cold, mut cached) = (Vec::new(), Vec::new());
+        for q in queries {
+            let t = Instant::now();
+            semantic.query(&q.q).expect("embeds");
+            cold.push(t.elapsed());
+            let t = Instant::now();
+            semantic.query(&q.q).expect("embeds");
+            cached.push(t.elapsed());
+        }
+        cold.sort();
+        cached.sort();
+        println!(
+            "Query embeddings over {} queries: from the model p50 {:.2} ms, p99 {:.2} ms; from the LRU p50 {:.4} ms, p99 {:.4} ms.\n",
+            queries.len(),
+            percentile(&cold, 0.5).as_secs_f64() * 1e3,
+            percentile(&cold, 0.99).as_secs_f64() * 1e3,
+            percentile(&cached, 0.5).as_secs_f64() * 1e3,
+            percentile(&cached, 0.99).as_secs_f64() * 1e3,
+        );
         engine
     });
     let mut rankers: Vec<Ranker<'_>> = vec![

@@ -324,6 +324,18 @@ mod tests {
     }
 
     #[test]
+    fn search_settings_are_read_and_an_unknown_tokenizer_is_refused() {
+        let c =
+            Config::from_toml("embedding_model = \"models/minilm\"\ntokenizer = \"o200k_base\"\n").unwrap();
+        assert_eq!(c.embedding_model, Some(PathBuf::from("models/minilm")));
+        c.validate().unwrap();
+        assert_eq!(Config::default().tokenizer, "chars4");
+        let c = Config::from_toml("tokenizer = \"gpt2\"\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("tokenizer") && e.contains("o200k_base"), "{e}");
+    }
+
+    #[test]
     fn capabilities_dirs_are_read_and_a_repeated_one_is_refused() {
         let c = Config::from_toml("capabilities_dirs = [\"caps/weather\", \"caps/mail\"]\n").unwrap();
         assert_eq!(c.capabilities_dirs, [PathBuf::from("caps/weather"), PathBuf::from("caps/mail")]);

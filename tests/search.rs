@@ -230,3 +230,19 @@ async fn with_a_model_a_node_finds_capabilities_by_meaning() {
     assert_eq!(lexical["results"][0]["target"], "mailer:skill:send-email", "{lexical}");
     assert!(dir.path().join("embeddings").is_dir(), "the embedding cache is on disk");
 }
+
+/// A model directory that is not one stops the node at start, naming the file at fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_model_directory_stops_the_start_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path());
+    config.embedding_model = Some(model.path().to_owned());
+    let error = agentmesh::node::Node::start(config).await.err().expect("no model, no start").to_string();
+    assert!(error.contains("embedding model") && error.contains("config.json"), "{error}");
+    std::fs::write(model.path().join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
+    let mut config = common::config(dir.path());
+    config.embedding_model = Some(model.path().to_owned());
+    let error = agentmesh::node::Node::start(config).await.err().expect("not BERT, no start").to_string();
+    assert!(error.contains("not a BERT model") && error.contains("gpt2"), "{error}");
+}

@@ -22,6 +22,7 @@ use super::search::{run, tool_schema, TOOL_DESCRIPTION};
 use super::AppState;
 use crate::card::held::CardRef;
 use crate::clock::now_millis;
+use crate::defaults::MAX_TARGET_LEN;
 use crate::query::Query;
 use crate::search::{context, Found, Kind, Request, MAX_QUERY_CHARS, MAX_RESULTS};
 
@@ -191,7 +192,7 @@ pub fn tools() -> Value {
             "inputSchema": {
                 "type": "object",
                 "properties": {
-                    "target": {"type": "string", "minLength": 1, "maxLength": 512,
+                    "target": {"type": "string", "minLength": 1, "maxLength": MAX_TARGET_LEN,
                                "description": "A result's target: agent_id:kind:id."}
                 },
                 "required": ["target"],
@@ -325,19 +326,16 @@ async fn discover(app: &AppState, arguments: &Map<String, Value>) -> Result<Valu
     let results: Vec<Value> = answer
         .results
         .iter()
-        .zip(&lines)
-        .map(|(f, line)| {
+        .map(|f| {
             let card = f.entry.card.view();
             let list = if f.reasoner { &card.reasoners } else { &card.skills };
-            // The line is `- target (0.87): summary`; the summary is what follows the first `: `.
-            let summary = line.split_once("): ").map(|(_, s)| s.trim_end()).unwrap_or_default();
             json!({
                 "target": f.target,
                 "agent_id": f.entry.key.agent_id,
                 "kind": f.kind(),
                 "id": f.id,
                 "relevance": f.relevance,
-                "summary": summary,
+                "summary": context::summary(f),
                 "category": list.get(f.cap).and_then(|c| c.category_in(&card)),
                 "health_status": f.health.as_str(),
             })
@@ -368,8 +366,8 @@ fn parse_target(target: &str) -> Result<(&str, bool, &str), String> {
 fn get_capability(app: &AppState, arguments: &Map<String, Value>) -> Result<Value, String> {
     only(arguments, &["target"])?;
     let target = match arguments.get("target") {
-        Some(Value::String(t)) if t.len() <= 512 => t.trim(),
-        Some(Value::String(_)) => return Err("target is longer than 512 bytes".into()),
+        Some(Value::String(t)) if t.len() <= MAX_TARGET_LEN => t.trim(),
+        Some(Value::String(_)) => return Err(format!("target is longer than {MAX_TARGET_LEN} bytes")),
         Some(_) => return Err("target must be a string".into()),
         None => return Err("target is required: a discover_capabilities result's target".into()),
     };

@@ -239,16 +239,19 @@ pub fn tier0_entries(snapshot: &Snapshot) -> (String, Vec<String>) {
 
 /// Tier 1 entries: one line per result.
 pub fn tier1_entries(results: &[Found]) -> Vec<String> {
-    results
-        .iter()
-        .map(|f| {
-            let card = f.entry.card.view();
-            let cap = capability(&card, f);
-            let summary = cap.and_then(|c| c.description.as_deref()).map(first_sentence).unwrap_or_default();
-            let summary = if summary.is_empty() { f.id.clone() } else { summary };
-            format!("- {} ({:.2}): {}\n", f.target, f.relevance, summary)
-        })
-        .collect()
+    results.iter().map(|f| format!("- {} ({:.2}): {}\n", f.target, f.relevance, summary(f))).collect()
+}
+
+/// A result's one-line summary: the first sentence of its description, or its id.
+pub fn summary(f: &Found) -> String {
+    let card = f.entry.card.view();
+    let summary =
+        capability(&card, f).and_then(|c| c.description.as_deref()).map(first_sentence).unwrap_or_default();
+    if summary.is_empty() {
+        f.id.clone()
+    } else {
+        summary
+    }
 }
 
 /// Tier 2 entries: the full detail of each result.

@@ -10,52 +10,16 @@
 //! `agentmesh::search::embed`), and tokenisation runs on the calling thread, which waits meanwhile.
 //! The process's CPU time over the timed loop is printed next to its wall time to show it.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agentmesh::search::embed::{similarity, Embedder};
 use serde_json::Value;
 
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/search");
+#[path = "search/labelled.rs"]
+mod labelled;
+use labelled::{load, percentile, Scores};
 
-struct Labelled {
-    q: String,
-    kind: String,
-    grades: HashMap<String, u32>,
-}
-
-fn load() -> (Vec<Value>, Vec<Labelled>) {
-    let read = |name: &str| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/{name}")).expect("read")).expect("json")
-    };
-    let agents = read("agents.json").as_array().cloned().unwrap_or_default();
-    let queries = read("queries.json")
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|q| {
-            let mut grades: HashMap<String, u32> = HashMap::new();
-            if let Some(g) = q["graded"].as_object() {
-                for (t, v) in g {
-                    grades.insert(t.clone(), v.as_u64().unwrap_or(0) as u32);
-                }
-            }
-            for t in q["relevant"].as_array().into_iter().flatten() {
-                grades.insert(t.as_str().unwrap_or_default().to_owned(), 2);
-            }
-            Labelled {
-                q: q["q"].as_str().unwrap_or_default().to_owned(),
-                kind: q["type"].as_str().unwrap_or_default().to_owned(),
-                grades,
-            }
-        })
-        .collect();
-    (agents, queries)
-}
-
-/// What goes into a capability's embedding text.
 #[derive(Clone, Copy)]
 struct Recipe {
     name: &'static str,
@@ -164,53 +128,6 @@ fn capabilities(cards: &[Value]) -> Vec<(String, Value)> {
     out
 }
 
-#[derive(Default, Clone, Copy)]
-struct Scores {
-    n: f64,
-    hit1: f64,
-    hit5: f64,
-    mrr: f64,
-    ndcg5: f64,
-}
-
-impl Scores {
-    fn add(&mut self, ranked: &[&str], grades: &HashMap<String, u32>) {
-        self.n += 1.0;
-        let top = |k: usize| ranked.iter().take(k).any(|t| grades.get(*t) == Some(&2));
-        self.hit1 += f64::from(u8::from(top(1)));
-        self.hit5 += f64::from(u8::from(top(5)));
-        if let Some(pos) = ranked.iter().position(|t| grades.get(*t) == Some(&2)) {
-            self.mrr += 1.0 / (pos + 1) as f64;
-        }
-        let gain = |g: u32| f64::from((1u32 << g) - 1);
-        let dcg: f64 = ranked
-            .iter()
-            .take(5)
-            .enumerate()
-            .map(|(i, t)| gain(*grades.get(*t).unwrap_or(&0)) / ((i + 2) as f64).log2())
-            .sum();
-        let mut ideal: Vec<u32> = grades.values().copied().collect();
-        ideal.sort_by(|a, b| b.cmp(a));
-        let idcg: f64 =
-            ideal.iter().take(5).enumerate().map(|(i, g)| gain(*g) / ((i + 2) as f64).log2()).sum();
-        if idcg > 0.0 {
-            self.ndcg5 += dcg / idcg;
-        }
-    }
-
-    fn row(&self, ranker: &str, kind: &str) -> String {
-        let n = self.n.max(1.0);
-        format!(
-            "| {ranker} | {kind} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            self.n,
-            self.hit1 / n,
-            self.hit5 / n,
-            self.mrr / n,
-            self.ndcg5 / n
-        )
-    }
-}
-
 /// Process CPU time (user + system) so far.
 fn cpu_time() -> Duration {
     // SAFETY: getrusage writes into the struct it is given and reads nothing else.
@@ -221,10 +138,6 @@ fn cpu_time() -> Duration {
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {

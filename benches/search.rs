@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agentmesh::card::AgentCard;
 use agentmesh::registry::health::Thresholds;
@@ -20,6 +20,10 @@ use agentmesh::search::text::words;
 use agentmesh::search::{Engine, Request};
 use libp2p::identity::Keypair;
 use serde_json::Value;
+
+#[path = "search/labelled.rs"]
+mod labelled;
+use labelled::{load, percentile, Labelled, Scores};
 
 /// Counts live heap bytes, to measure what the index adds.
 struct Counting;
@@ -39,44 +43,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/search");
-
-struct Labelled {
-    q: String,
-    kind: String,
-    grades: HashMap<String, u32>,
-}
-
-fn load() -> (Vec<Value>, Vec<Labelled>) {
-    let read = |name: &str| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/{name}")).expect("read")).expect("json")
-    };
-    let agents = read("agents.json").as_array().cloned().unwrap_or_default();
-    let queries = read("queries.json")
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|q| {
-            let mut grades: HashMap<String, u32> = HashMap::new();
-            if let Some(g) = q["graded"].as_object() {
-                for (t, v) in g {
-                    grades.insert(t.clone(), v.as_u64().unwrap_or(0) as u32);
-                }
-            }
-            for t in q["relevant"].as_array().into_iter().flatten() {
-                grades.insert(t.as_str().unwrap_or_default().to_owned(), 2);
-            }
-            Labelled {
-                q: q["q"].as_str().unwrap_or_default().to_owned(),
-                kind: q["type"].as_str().unwrap_or_default().to_owned(),
-                grades,
-            }
-        })
-        .collect();
-    (agents, queries)
-}
 
 fn snapshot(cards: &[Value], copies: usize) -> Snapshot {
     let publisher = Keypair::generate_ed25519().public().to_peer_id();
@@ -167,53 +133,6 @@ impl Plain {
             .collect();
         scored.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(b.1)));
         scored.into_iter().map(|(_, t)| t.to_owned()).collect()
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct Scores {
-    n: f64,
-    hit1: f64,
-    hit5: f64,
-    mrr: f64,
-    ndcg5: f64,
-}
-
-impl Scores {
-    fn add(&mut self, ranked: &[String], grades: &HashMap<String, u32>) {
-        self.n += 1.0;
-        let top = |k: usize| ranked.iter().take(k).any(|t| grades.get(t) == Some(&2));
-        self.hit1 += f64::from(u8::from(top(1)));
-        self.hit5 += f64::from(u8::from(top(5)));
-        if let Some(pos) = ranked.iter().position(|t| grades.get(t) == Some(&2)) {
-            self.mrr += 1.0 / (pos + 1) as f64;
-        }
-        let gain = |g: u32| f64::from((1u32 << g) - 1);
-        let dcg: f64 = ranked
-            .iter()
-            .take(5)
-            .enumerate()
-            .map(|(i, t)| gain(*grades.get(t).unwrap_or(&0)) / ((i + 2) as f64).log2())
-            .sum();
-        let mut ideal: Vec<u32> = grades.values().copied().collect();
-        ideal.sort_by(|a, b| b.cmp(a));
-        let idcg: f64 =
-            ideal.iter().take(5).enumerate().map(|(i, g)| gain(*g) / ((i + 2) as f64).log2()).sum();
-        if idcg > 0.0 {
-            self.ndcg5 += dcg / idcg;
-        }
-    }
-
-    fn row(&self, ranker: &str, kind: &str) -> String {
-        let n = self.n.max(1.0);
-        format!(
-            "| {ranker} | {kind} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            self.n,
-            self.hit1 / n,
-            self.hit5 / n,
-            self.mrr / n,
-            self.ndcg5 / n
-        )
     }
 }
 
@@ -367,10 +286,6 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
         queries.len(),
         100.0 * (1.0 - sum as f64 / queries.len() as f64 / dump as f64)
     );
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn speed(cards: &[Value], queries: &[Labelled]) {

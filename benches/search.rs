@@ -136,6 +136,24 @@ impl Plain {
     }
 }
 
+/// A ranker over `engine`: the whole set, best first, with words and the graph as asked.
+fn ranker<'a>(
+    engine: &'a Engine,
+    snap: &'a Snapshot,
+    thresholds: &'a Thresholds,
+    lexical: bool,
+    graph: bool,
+) -> impl Fn(&str) -> Vec<String> + 'a {
+    move |q: &str| {
+        let mut req = Request::new(q);
+        req.limit = 10;
+        req.min_relevance = 0.0;
+        req.graph = graph;
+        req.lexical = lexical;
+        engine.search(snap, &req, 10, thresholds).results.into_iter().map(|f| f.target).collect()
+    }
+}
+
 fn quality(cards: &[Value], queries: &[Labelled]) {
     let snap = snapshot(cards, 1);
     let engine = Engine::default();
@@ -144,23 +162,6 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
     println!("| ranker | queries | n | hit@1 | hit@5 | MRR | NDCG@5 |");
     println!("|---|---|---|---|---|---|---|");
     type Ranker<'a> = (&'a str, Box<dyn Fn(&str) -> Vec<String> + 'a>);
-    let search = |graph: bool| {
-        let engine = &engine;
-        let snap = &snap;
-        let thresholds = &thresholds;
-        move |q: &str| {
-            let mut req = Request::new(q);
-            req.limit = 10;
-            req.min_relevance = 0.0;
-            req.graph = graph;
-            engine
-                .search(snap, &req, 10, thresholds)
-                .results
-                .into_iter()
-                .map(|f| f.target)
-                .collect::<Vec<_>>()
-        }
-    };
     // With a model (AGENTMESH_TEST_MODEL_DIR: a sentence-transformers directory), the semantic and
     // hybrid rankers too.
     let model = std::env::var_os("AGENTMESH_TEST_MODEL_DIR").map(std::path::PathBuf::from);
@@ -195,30 +196,13 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
     });
     let mut rankers: Vec<Ranker<'_>> = vec![
         ("plain BM25", Box::new(|q: &str| plain.rank(q))),
-        ("lexical", Box::new(search(false))),
-        ("lexical+graph", Box::new(search(true))),
+        ("lexical", Box::new(ranker(&engine, &snap, &thresholds, true, false))),
+        ("lexical+graph", Box::new(ranker(&engine, &snap, &thresholds, true, true))),
     ];
     if let Some(engine) = &with_model {
-        let snap = &snap;
-        let thresholds = &thresholds;
-        let run = move |lexical: bool, graph: bool| {
-            move |q: &str| {
-                let mut req = Request::new(q);
-                req.limit = 10;
-                req.min_relevance = 0.0;
-                req.graph = graph;
-                req.lexical = lexical;
-                engine
-                    .search(snap, &req, 10, thresholds)
-                    .results
-                    .into_iter()
-                    .map(|f| f.target)
-                    .collect::<Vec<_>>()
-            }
-        };
-        rankers.push(("semantic", Box::new(run(false, false))));
-        rankers.push(("hybrid", Box::new(run(true, false))));
-        rankers.push(("hybrid+graph", Box::new(run(true, true))));
+        rankers.push(("semantic", Box::new(ranker(engine, &snap, &thresholds, false, false))));
+        rankers.push(("hybrid", Box::new(ranker(engine, &snap, &thresholds, true, false))));
+        rankers.push(("hybrid+graph", Box::new(ranker(engine, &snap, &thresholds, true, true))));
     }
     for (name, rank) in &rankers {
         let mut by_kind: Vec<(String, Scores)> = Vec::new();

@@ -136,20 +136,33 @@ impl Plain {
     }
 }
 
-/// A ranker over `engine`: the whole set, best first, with words and the graph as asked.
+/// What a ranker uses: words, the thesaurus's related words, the graph.
+#[derive(Clone, Copy)]
+struct Signals {
+    lexical: bool,
+    related: bool,
+    graph: bool,
+}
+
+const WORDS: Signals = Signals { lexical: true, related: true, graph: false };
+const WORDS_ONLY: Signals = Signals { related: false, ..WORDS };
+const WORDS_GRAPH: Signals = Signals { graph: true, ..WORDS };
+const MEANING_ONLY: Signals = Signals { lexical: false, related: false, graph: false };
+
+/// A ranker over `engine`: the whole set, best first, with the signals asked for.
 fn ranker<'a>(
     engine: &'a Engine,
     snap: &'a Snapshot,
     thresholds: &'a Thresholds,
-    lexical: bool,
-    graph: bool,
+    signals: Signals,
 ) -> impl Fn(&str) -> Vec<String> + 'a {
     move |q: &str| {
         let mut req = Request::new(q);
         req.limit = 10;
         req.min_relevance = 0.0;
-        req.graph = graph;
-        req.lexical = lexical;
+        req.graph = signals.graph;
+        req.lexical = signals.lexical;
+        req.related = signals.related;
         engine.search(snap, &req, 10, thresholds).results.into_iter().map(|f| f.target).collect()
     }
 }
@@ -196,19 +209,37 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
     });
     let mut rankers: Vec<Ranker<'_>> = vec![
         ("plain BM25", Box::new(|q: &str| plain.rank(q))),
-        ("lexical", Box::new(ranker(&engine, &snap, &thresholds, true, false))),
-        ("lexical+graph", Box::new(ranker(&engine, &snap, &thresholds, true, true))),
+        ("lexical, no thesaurus", Box::new(ranker(&engine, &snap, &thresholds, WORDS_ONLY))),
+        ("lexical", Box::new(ranker(&engine, &snap, &thresholds, WORDS))),
+        ("lexical+graph", Box::new(ranker(&engine, &snap, &thresholds, WORDS_GRAPH))),
     ];
     if let Some(engine) = &with_model {
-        rankers.push(("semantic", Box::new(ranker(engine, &snap, &thresholds, false, false))));
-        rankers.push(("hybrid", Box::new(ranker(engine, &snap, &thresholds, true, false))));
-        rankers.push(("hybrid+graph", Box::new(ranker(engine, &snap, &thresholds, true, true))));
+        rankers.push(("semantic", Box::new(ranker(engine, &snap, &thresholds, MEANING_ONLY))));
+        rankers.push(("hybrid, no thesaurus", Box::new(ranker(engine, &snap, &thresholds, WORDS_ONLY))));
+        rankers.push(("hybrid", Box::new(ranker(engine, &snap, &thresholds, WORDS))));
+        rankers.push(("hybrid+graph", Box::new(ranker(engine, &snap, &thresholds, WORDS_GRAPH))));
     }
+    // `--misses RANKER`: list the queries that ranker misses in its top 5, to stderr.
+    let args: Vec<String> = std::env::args().collect();
+    let misses = args.iter().position(|a| a == "--misses").and_then(|i| args.get(i + 1));
     for (name, rank) in &rankers {
         let mut by_kind: Vec<(String, Scores)> = Vec::new();
         let mut all = Scores::default();
         for q in queries {
             let ranked = rank(&q.q);
+            if misses.is_some_and(|m| m == name)
+                && !ranked.iter().take(5).any(|t| q.grades.get(t) == Some(&2))
+            {
+                let at = ranked.iter().position(|t| q.grades.get(t) == Some(&2));
+                eprintln!(
+                    "miss {} {:?} | at {:?} | top {:?} | want {:?}",
+                    q.kind,
+                    q.q,
+                    at,
+                    &ranked[..ranked.len().min(3)],
+                    q.grades.iter().filter(|(_, g)| **g == 2).map(|(t, _)| t).collect::<Vec<_>>()
+                );
+            }
             all.add(&ranked, &q.grades);
             match by_kind.iter_mut().find(|(k, _)| *k == q.kind) {
                 Some((_, s)) => s.add(&ranked, &q.grades),

@@ -12,6 +12,7 @@ pub mod graph;
 pub mod index;
 pub mod semantic;
 pub mod text;
+pub mod thesaurus;
 
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -74,6 +75,8 @@ pub struct Request {
     pub graph: bool,
     /// Score words. Off (with a model): rank by meaning alone, as the benchmark compares.
     pub lexical: bool,
+    /// Let a query word also match the words the built-in thesaurus relates to it.
+    pub related: bool,
     /// The discovery filters (ids, reasoner/skill patterns, tags, health), applied before ranking.
     pub filters: Query,
 }
@@ -87,6 +90,7 @@ impl Request {
             kind: Kind::Any,
             graph: true,
             lexical: true,
+            related: true,
             filters: Query::default(),
         }
     }
@@ -216,9 +220,9 @@ impl Engine {
     pub fn search(&self, snapshot: &Snapshot, req: &Request, now: Millis, thresholds: &Thresholds) -> Answer {
         self.refresh(snapshot);
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-        let terms = index.query_terms(&req.q);
+        let concepts = index.query(&req.q, req.related.then(thesaurus::Thesaurus::builtin));
         let admit = |doc: &Doc| admits(doc, req, now, thresholds);
-        let mut scored = if req.lexical { index.score(&terms, admit) } else { Vec::new() };
+        let mut scored = if req.lexical { index.score(&concepts, admit) } else { Vec::new() };
         let ready = self.semantic.as_ref().and_then(|s| s.ready(&req.q, index.generation()));
         if let Some(ready) = &ready {
             scored = fuse(&index, &scored, ready, admit);

@@ -106,6 +106,7 @@ impl Params {
             })?;
         }
         req.graph = parse_bool("graph", self.get("graph"), true)?;
+        req.related = parse_bool("related", self.get("related"), true)?;
         req.filters = self.filters()?;
         Ok(req)
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::text::Analyzer;
+use super::thesaurus::Thesaurus;
 use crate::card::held::{CapRef, CardRef};
 use crate::registry::{Entry, Snapshot};
 
@@ -33,6 +34,10 @@ const COVERAGE_SHARE: f32 = 0.85;
 /// Weight of a query term that no capability has, relative to the mean IDF of the query's known
 /// terms: an unknown word (a city, a name) is mostly an argument, not what the capability must do.
 const UNKNOWN_TERM_WEIGHT: f32 = 0.5;
+/// Credit for matching a term related to a query term (the thesaurus), relative to the term itself.
+/// Chosen on the labelled set in `benches/search/` among 0.35, 0.5, 0.6 and 0.7: a related word says
+/// less than the word itself, and past 0.6 task-intent queries start to lose to loose matches.
+pub const RELATED_WEIGHT: f32 = 0.6;
 /// Longest property description read from an input schema, and most properties read.
 const MAX_PARAM_TEXT: usize = 512;
 const MAX_PARAMS: usize = 64;
@@ -82,6 +87,13 @@ struct Term {
     postings: Vec<Posting>,
     /// Live documents holding the term.
     df: u32,
+}
+
+/// A word of a query and the terms that count for it: the word's own term first (weight 1), then the
+/// terms related to it (weight [`RELATED_WEIGHT`]).
+#[derive(Debug, Clone)]
+pub struct Concept {
+    pub alternatives: Vec<(String, f32)>,
 }
 
 /// A scored capability.
@@ -307,75 +319,118 @@ impl Index {
         self.dead = 0;
     }
 
-    /// The query's terms, deduplicated, in order.
-    pub fn query_terms(&self, q: &str) -> Vec<String> {
+    /// The query's concepts: its terms, deduplicated, in order, each with the terms `thesaurus` relates
+    /// to it (those that are not themselves terms of the query).
+    pub fn query(&self, q: &str, thesaurus: Option<&Thesaurus>) -> Vec<Concept> {
         let mut terms = self.analyzer.collect(q);
         let mut seen = std::collections::HashSet::new();
         terms.retain(|t| seen.insert(t.clone()));
+        // A related term counts for the first query term it relates to, not again for a later one.
+        let mut used = seen;
         terms
+            .iter()
+            .map(|term| {
+                let mut alternatives = vec![(term.clone(), 1.0)];
+                for related in thesaurus.map_or(&[][..], |t| t.related(term)) {
+                    if used.insert(related.to_string()) {
+                        alternatives.push((related.to_string(), RELATED_WEIGHT));
+                    }
+                }
+                Concept { alternatives }
+            })
+            .collect()
     }
 
-    /// Every live document matching at least one of `terms`, with its relevance; `admit` filters
+    /// Every live document matching at least one of the concepts, with its relevance; `admit` filters
     /// documents before they are scored further. Unordered.
-    pub fn score(&self, terms: &[String], mut admit: impl FnMut(&Doc) -> bool) -> Vec<Scored> {
-        if self.live == 0 || terms.is_empty() {
+    ///
+    /// Each concept carries the information (IDF) of its own term, or, when no capability has that
+    /// term, the mean IDF of its related terms that some capability has. A document covers a concept
+    /// by its best alternative: an exact match in full, a related term for its weight.
+    pub fn score(&self, concepts: &[Concept], mut admit: impl FnMut(&Doc) -> bool) -> Vec<Scored> {
+        if self.live == 0 || concepts.is_empty() {
             return Vec::new();
         }
         let n = self.live as f32;
         let avg: [f32; FIELDS] = std::array::from_fn(|f| (self.len_sum[f] as f32 / n).max(1.0));
-        let known: Vec<(&Term, f32)> = terms
-            .iter()
-            .filter_map(|t| self.terms.get(t.as_str()))
-            .map(|&t| &self.term_data[t as usize])
-            .filter(|data| data.df > 0)
-            .map(|data| {
-                let df = data.df as f32;
-                (data, (1.0 + (n - df + 0.5) / (df + 0.5)).ln())
-            })
-            .collect();
+        let idf = |df: u32| (1.0 + (n - df as f32 + 0.5) / (df as f32 + 0.5)).ln();
+        // Per concept: its information and the alternatives some document holds.
+        let mut known: Vec<(f32, Vec<(&Term, f32)>)> = Vec::new();
+        let mut unknown = 0usize;
+        for concept in concepts {
+            let alternatives: Vec<(&Term, f32)> = concept
+                .alternatives
+                .iter()
+                .filter_map(|(t, w)| self.terms.get(t.as_str()).map(|&t| (&self.term_data[t as usize], *w)))
+                .filter(|(data, _)| data.df > 0)
+                .collect();
+            let own = alternatives.first().filter(|(_, w)| *w >= 1.0).map(|(data, _)| idf(data.df));
+            let information = own.or_else(|| {
+                (!alternatives.is_empty()).then(|| {
+                    alternatives.iter().map(|(data, _)| idf(data.df)).sum::<f32>() / alternatives.len() as f32
+                })
+            });
+            match information {
+                Some(info) => known.push((info, alternatives)),
+                None => unknown += 1,
+            }
+        }
         if known.is_empty() {
             return Vec::new();
         }
-        let mean_idf = known.iter().map(|(_, idf)| idf).sum::<f32>() / known.len() as f32;
-        let unknown = terms.len() - known.len();
+        let mean_idf = known.iter().map(|(info, _)| info).sum::<f32>() / known.len() as f32;
         let information =
-            known.iter().map(|(_, idf)| idf).sum::<f32>() + unknown as f32 * UNKNOWN_TERM_WEIGHT * mean_idf;
-        let best_score = known.iter().map(|(_, idf)| idf * (K1 + 1.0)).sum::<f32>();
+            known.iter().map(|(info, _)| info).sum::<f32>() + unknown as f32 * UNKNOWN_TERM_WEIGHT * mean_idf;
+        let best_score = known.iter().map(|(info, _)| info * (K1 + 1.0)).sum::<f32>();
         // Dense accumulators per document slot, and the slots touched: cheaper than a map at any size
         // the view allows (a few bytes per capability, reset per query).
         let mut acc: Vec<(f32, f32, u8)> = vec![(0.0, 0.0, 0); self.docs.len()];
         let mut state: Vec<u8> = vec![UNSEEN; self.docs.len()];
         let mut touched: Vec<u32> = Vec::new();
-        for (data, idf) in &known {
-            for p in &data.postings {
-                let at = p.doc as usize;
-                match state[at] {
-                    REFUSED => continue,
-                    UNSEEN => {
-                        let admitted = self.docs[at].as_ref().is_some_and(&mut admit);
-                        state[at] = if admitted { ADMITTED } else { REFUSED };
-                        if !admitted {
-                            continue;
+        // The best match of each document for the concept being scored, and the documents it holds.
+        let mut concept_best: Vec<(f32, f32)> = vec![(0.0, 0.0); self.docs.len()];
+        let mut in_concept: Vec<u32> = Vec::new();
+        for (info, alternatives) in &known {
+            for (data, weight) in alternatives {
+                for p in &data.postings {
+                    let at = p.doc as usize;
+                    match state[at] {
+                        REFUSED => continue,
+                        UNSEEN => {
+                            let admitted = self.docs[at].as_ref().is_some_and(&mut admit);
+                            state[at] = if admitted { ADMITTED } else { REFUSED };
+                            if !admitted {
+                                continue;
+                            }
+                            touched.push(p.doc);
                         }
-                        touched.push(p.doc);
+                        _ => {}
                     }
-                    _ => {}
-                }
-                let Some(doc) = self.docs[at].as_ref() else { continue };
-                let mut tf = 0.0;
-                let mut fields = 0u8;
-                for f in 0..FIELDS {
-                    if p.tf[f] > 0 {
-                        let norm = 1.0 - B[f] + B[f] * f32::from(doc.lens[f]) / avg[f];
-                        tf += WEIGHT[f] * f32::from(p.tf[f]) / norm;
-                        fields |= 1 << f;
+                    let Some(doc) = self.docs[at].as_ref() else { continue };
+                    let mut tf = 0.0;
+                    let mut fields = 0u8;
+                    for f in 0..FIELDS {
+                        if p.tf[f] > 0 {
+                            let norm = 1.0 - B[f] + B[f] * f32::from(doc.lens[f]) / avg[f];
+                            tf += WEIGHT[f] * f32::from(p.tf[f]) / norm;
+                            fields |= 1 << f;
+                        }
                     }
+                    let saturated = tf * (K1 + 1.0) / (tf + K1);
+                    let best = &mut concept_best[at];
+                    if best.0 == 0.0 && best.1 == 0.0 {
+                        in_concept.push(p.doc);
+                    }
+                    best.0 = best.0.max(weight * saturated.min(1.0));
+                    best.1 = best.1.max(weight * saturated);
+                    acc[at].2 |= fields;
                 }
-                let saturated = tf * (K1 + 1.0) / (tf + K1);
-                let slot = &mut acc[at];
-                slot.0 += idf * saturated.min(1.0);
-                slot.1 += idf * saturated;
-                slot.2 |= fields;
+            }
+            for doc in in_concept.drain(..) {
+                let best = std::mem::take(&mut concept_best[doc as usize]);
+                let slot = &mut acc[doc as usize];
+                slot.0 += info * best.0;
+                slot.1 += info * best.1;
             }
         }
         touched

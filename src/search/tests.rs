@@ -184,6 +184,8 @@ fn the_graph_lifts_neighbours_and_pulls_in_dependencies() {
     let mut req = Request::new("convert money amount");
     req.min_relevance = 0.0;
     req.graph = false;
+    // Words only: the thesaurus relates "money" to "currency", which `rates` carries.
+    req.related = false;
     let plain = engine.search(&snap, &req, 10, &thresholds());
     req.graph = true;
     let graph = engine.search(&snap, &req, 10, &thresholds());
@@ -255,4 +257,52 @@ fn tiers_never_exceed_their_budgets() {
         let (heading, entries) = context::tier0_entries(&snap);
         assert_eq!(t0, context::build(c, budgets[0], &heading, &entries), "Tier 0 is the view's alone");
     }
+}
+
+fn reminders_view(p: PeerId) -> Vec<Arc<Entry>> {
+    vec![entry(
+        p,
+        json!({"agent_id": "planner", "base_url": "http://p",
+        "skills": [
+          {"id": "set_reminder", "description": "Creates a reminder that fires at the given time."},
+          {"id": "delete_file", "description": "Deletes a file from the drive."},
+          {"id": "remove_member", "description": "Removes a member from a team."}
+        ]}),
+        1,
+    )]
+}
+
+#[test]
+fn everyday_words_reach_the_capability_through_the_thesaurus() {
+    let engine = Engine::default();
+    let snap = snapshot(1, reminders_view(peer()));
+    let run = |q: &str, related: bool| {
+        let mut req = Request::new(q);
+        req.related = related;
+        engine.search(&snap, &req, 10, &thresholds())
+    };
+    // "nudge" is no word of the card; the thesaurus relates it to "reminder".
+    let a = run("nudge me", true);
+    assert_eq!(targets(&a), ["planner:skill:set_reminder"]);
+    assert!(a.results[0].matched.contains(&"id"), "{:?}", a.results[0].matched);
+    assert!(targets(&run("nudge me", false)).is_empty());
+    // A related word earns less than the word itself.
+    let exact = run("set a reminder", true).results[0].relevance;
+    assert!(a.results[0].relevance < exact, "{} vs {exact}", a.results[0].relevance);
+}
+
+#[test]
+fn the_query_s_own_words_outrank_related_ones() {
+    let engine = Engine::default();
+    let snap = snapshot(1, reminders_view(peer()));
+    let mut req = Request::new("delete a file");
+    req.min_relevance = 0.0;
+    let found = engine.search(&snap, &req, 10, &thresholds());
+    assert_eq!(targets(&found)[0], "planner:skill:delete_file");
+    let mut req = Request::new("remove member");
+    req.min_relevance = 0.0;
+    let found = engine.search(&snap, &req, 10, &thresholds());
+    assert_eq!(targets(&found)[0], "planner:skill:remove_member");
+    // "remove" relates to "delete": the file skill is found too, below.
+    assert!(targets(&found).contains(&"planner:skill:delete_file"), "{:?}", targets(&found));
 }

@@ -478,10 +478,14 @@ impl Sim {
         let node = &mut self.nodes[i];
         node.state = State::new(STATE_CONFIG, seed);
         node.records = Records::new(peer, Limits::default());
+        // The store keeps cards, not liveness: a loaded record has no heartbeat and the default
+        // reported state (`Live::default` in the registry), whatever this node believed before it
+        // stopped (a declaration of its publisher down included).
         for (key, rec) in node.view.iter_mut() {
             if key.publisher != peer {
                 node.records.count_loaded(key.publisher);
                 rec.heard = 0;
+                rec.reported = Reported::default();
                 rec.via = Via::Loaded;
                 rec.via_at = now_ms;
             }

@@ -1632,6 +1632,34 @@ mod tests {
         out
     }
 
+    /// A node that saw a publisher declared down, stopped before the publisher came back, and
+    /// restarted after, never calls the live publisher's agent inactive: like the daemon, it comes
+    /// back with no liveness state of its own (the store keeps cards only), so the publisher's
+    /// digest-only heartbeats make the agent active even before its list is fetched.
+    #[test]
+    fn a_restarted_node_forgets_a_declaration_it_saw() {
+        let p = params(50);
+        let (mut sim, _) = boot(&p);
+        let (observer, publisher) = (1, 2);
+        let key = sim.own_key(publisher, 0);
+        sim.crash(publisher);
+        sim.run_until(sim.now + 2 * SEC);
+        assert_eq!(sim.health(observer, &key), Some(Health::Inactive), "declared down there");
+        sim.crash(observer);
+        sim.restart(publisher);
+        // Past the beats that carry the publisher's list: the observer will hear digests only.
+        sim.run_until(sim.now + 10 * SEC);
+        sim.restart(observer);
+        assert_ne!(sim.nodes[observer].view[&key].reported, Reported::Offline);
+        let end = sim.now + 20 * SEC;
+        while sim.now < end {
+            let health = sim.health(observer, &key);
+            assert_ne!(health, Some(Health::Inactive), "at {} us", sim.now);
+            sim.run_until(sim.now + 10 * MS);
+        }
+        assert_eq!(sim.health(observer, &key), Some(Health::Active));
+    }
+
     /// Every scenario completes on every node, a killed node's agent leaves `active` within two
     /// seconds with no false alarm, and the same seed gives the same run.
     #[test]

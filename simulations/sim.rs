@@ -18,7 +18,8 @@
 //! bootstrap node, 8), `--delay-ms X` and `--jitter-ms X` (per message on each link, 0), `--loss P`
 //! (0-1; a lost segment costs TCP's 200 ms retransmission), `--hop-ms X` (processing per message, which
 //! keeps the node busy), `--hop-delay-ms X` (latency per message in a node that does not), `--card-us N`
-//! (processing per card of a sync answer, 60), `--seed N` (1).
+//! (processing per card of a sync answer, 60), `--seed N` (1), `--explain` (print every false alarm
+//! with what the observer holds of the agent and what last set its state).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
@@ -81,6 +82,8 @@ struct Params {
     /// daemons sharing few cores), without keeping the node busy.
     hop_delay: T,
     seed: u64,
+    /// Print each false alarm with what the observer knows of the agent (`--explain`).
+    explain: bool,
 }
 
 /// What gossip carries.
@@ -197,6 +200,25 @@ struct Rec {
     /// Millis of the last heartbeat that named it; 0: never.
     heard: u64,
     reported: Reported,
+    /// What last set `reported`, and when (millis), for `--explain`. A heartbeat whose list is not held
+    /// keeps the state held, and leaves these as they were.
+    via: Via,
+    via_at: u64,
+}
+
+/// What last set a record's reported state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Its card arrived (new here: the state of the publisher's current list, or ready).
+    Card,
+    /// A heartbeat that carried its list, or whose list was held.
+    List,
+    /// A list fetched after a digest-only heartbeat.
+    Fetched,
+    /// A declaration that its publisher is down.
+    Down,
+    /// Loaded from the store at a restart of the node holding it.
+    Loaded,
 }
 
 struct Node {
@@ -323,7 +345,8 @@ impl Sim {
         };
         for (agent, seq) in node.agents.clone() {
             let key = RecordKey { agent_id: agent.to_string(), publisher: peer };
-            node.view.insert(key, Rec { seq, heard: 0, reported: Reported::Ready });
+            node.view
+                .insert(key, Rec { seq, heard: 0, reported: Reported::Ready, via: Via::Card, via_at: 0 });
         }
         node
     }
@@ -369,7 +392,10 @@ impl Sim {
             for (agent, seq) in node.agents.iter_mut() {
                 *seq = now_ms;
                 let key = RecordKey { agent_id: agent.to_string(), publisher: node.peer };
-                node.view.insert(key, Rec { seq: now_ms, heard: 0, reported: Reported::Ready });
+                node.view.insert(
+                    key,
+                    Rec { seq: now_ms, heard: 0, reported: Reported::Ready, via: Via::Card, via_at: now_ms },
+                );
             }
         }
         let announce = (node.epoch == 0).then(|| node.agents.clone());
@@ -448,13 +474,20 @@ impl Sim {
     fn restart(&mut self, i: usize) {
         let peer = self.nodes[i].peer;
         let seed = self.rng.random();
+        let now_ms = self.ms();
         let node = &mut self.nodes[i];
         node.state = State::new(STATE_CONFIG, seed);
         node.records = Records::new(peer, Limits::default());
+        // The store keeps cards, not liveness: a loaded record has no heartbeat and the default
+        // reported state (`Live::default` in the registry), whatever this node believed before it
+        // stopped (a declaration of its publisher down included).
         for (key, rec) in node.view.iter_mut() {
             if key.publisher != peer {
                 node.records.count_loaded(key.publisher);
                 rec.heard = 0;
+                rec.reported = Reported::default();
+                rec.via = Via::Loaded;
+                rec.via_at = now_ms;
             }
         }
         node.seen.clear();
@@ -683,11 +716,19 @@ impl Sim {
                         .get(&RecordKey { agent_id: agent_id.to_owned(), publisher: publisher_peer })
                         .map(|r| r.seq)
                 });
+                let via = match (&heard.list, heard.list_installed) {
+                    (None, _) => None,
+                    (Some(_), true) => Some(Via::Fetched),
+                    (Some(_), false) => Some(Via::List),
+                };
                 for (agent_id, reported) in &beats.refresh {
                     let key = RecordKey { agent_id: agent_id.clone(), publisher: publisher_peer };
                     if let Some(rec) = node.view.get_mut(&key) {
                         rec.heard = rec.heard.max(heard.at.max(1));
                         rec.reported = *reported;
+                        if let Some(via) = via {
+                            (rec.via, rec.via_at) = (via, now);
+                        }
                     }
                 }
                 let from_peer = self.nodes[from].peer;
@@ -738,9 +779,12 @@ impl Sim {
         if !node.records.down(peer, last_seen) {
             return false;
         }
+        let now = self.now / MS;
         for (key, rec) in node.view.iter_mut() {
             if key.publisher == peer {
                 rec.reported = Reported::Offline;
+                rec.via = Via::Down;
+                rec.via_at = now;
             }
         }
         true
@@ -753,8 +797,9 @@ impl Sim {
         let held = node.view.get(&key).map(|r| r.seq);
         match node.records.admit(&key, held, seq, publisher != i) {
             Admission::Take { created } => {
-                let (heard, reported) = match node.view.get(&key) {
-                    Some(r) => (r.heard, r.reported),
+                let now = self.now / MS;
+                let (heard, reported, via, via_at) = match node.view.get(&key) {
+                    Some(r) => (r.heard, r.reported, r.via, r.via_at),
                     // New here: alive as of the newest heartbeat that named it, if one did.
                     None if created => node
                         .records
@@ -762,12 +807,12 @@ impl Sim {
                         .and_then(|(at, list)| {
                             list.iter()
                                 .find(|a| a.agent_id == agent && a.seq <= seq)
-                                .map(|a| (at, a.reported))
+                                .map(|a| (at, a.reported, Via::Card, now))
                         })
-                        .unwrap_or((0, Reported::Ready)),
-                    None => (0, Reported::Ready),
+                        .unwrap_or((0, Reported::Ready, Via::Card, now)),
+                    None => (0, Reported::Ready, Via::Card, now),
                 };
-                node.view.insert(key, Rec { seq, heard, reported });
+                node.view.insert(key, Rec { seq, heard, reported, via, via_at });
                 node.index_dirty = true;
                 true
             }
@@ -1051,6 +1096,38 @@ impl Sim {
         Some(self.thresholds.health(self.ms(), last, rec.reported))
     }
 
+    /// One false alarm, with what `observer` knows of `publisher`'s agent `key` and how it learnt it.
+    fn explain(&self, observer: usize, publisher: usize, key: &RecordKey, health: Option<Health>) -> String {
+        let now = self.ms();
+        let (o, p) = (&self.nodes[observer], &self.nodes[publisher]);
+        let rec = o.view.get(key).expect("a record behind a health");
+        let own = p.agents.iter().find(|(a, _)| **a == *key.agent_id).map_or(0, |(_, s)| *s);
+        let list = o.records.current_list(&p.peer);
+        format!(
+            "false {:?} at {:.3} s: observer {observer} (up {:.3} s, life {}) sees agent of {publisher} \
+             (up {:.3} s, life {}, seq {own}): held seq {}, heard {} ms ago, reported {:?} by {:?} {} ms \
+             ago; newest heartbeat sent at {:?} ms, current list {}; observer connected to it: {}",
+            health.expect("checked"),
+            self.now as f64 / 1e6,
+            (self.now - o.started_at) as f64 / 1e6,
+            o.epoch,
+            (self.now - p.started_at) as f64 / 1e6,
+            p.epoch,
+            rec.seq,
+            now.saturating_sub(rec.heard),
+            rec.reported,
+            rec.via,
+            now.saturating_sub(rec.via_at),
+            o.records.heard_sent_at(&p.peer),
+            list.map_or("none".to_owned(), |(at, l)| format!(
+                "heard {} ms ago, {:?}",
+                now.saturating_sub(at),
+                l.iter().map(|a| (a.seq, a.reported)).collect::<Vec<_>>()
+            )),
+            o.conns.contains(&publisher),
+        )
+    }
+
     fn holds(&self, observer: usize, key: &RecordKey, seq: u64) -> bool {
         self.nodes[observer].view.get(key).is_some_and(|r| r.seq >= seq)
     }
@@ -1146,10 +1223,15 @@ fn false_alarms(sim: &Sim, publishers: &[usize]) -> (usize, usize) {
     for observer in sim.live_nodes() {
         for &p in publishers {
             for a in 0..sim.nodes[p].agents.len() {
-                match sim.health(observer, &sim.own_key(p, a)) {
+                let key = sim.own_key(p, a);
+                let health = sim.health(observer, &key);
+                match health {
                     Some(Health::Inactive) => inactive += 1,
                     Some(Health::Degraded) => degraded += 1,
-                    _ => {}
+                    _ => continue,
+                }
+                if sim.p.explain {
+                    eprintln!("{}", sim.explain(observer, p, &key, health));
                 }
             }
         }
@@ -1402,6 +1484,7 @@ fn main() {
         card_cost: 60,
         hop_delay: 0,
         seed: 1,
+        explain: false,
     };
     let mut scenarios: Vec<String> = Vec::new();
     let mut out: Option<String> = None;
@@ -1422,6 +1505,11 @@ fn main() {
             "--seed" => p.seed = v.parse().expect("--seed N"),
             "--scenario" => scenarios.push(v),
             "--out" => out = Some(v),
+            "--explain" => {
+                p.explain = true;
+                k += 1;
+                continue;
+            }
             other => {
                 eprintln!("unknown argument {other}; see the top of simulations/sim.rs");
                 std::process::exit(2);
@@ -1532,6 +1620,7 @@ mod tests {
             card_cost: 60,
             hop_delay: 0,
             seed: 11,
+            explain: false,
         }
     }
 
@@ -1541,6 +1630,34 @@ mod tests {
         out.push(late_join(&mut sim, p));
         out.push(partition(&mut sim, 0.25, 20 * SEC));
         out
+    }
+
+    /// A node that saw a publisher declared down, stopped before the publisher came back, and
+    /// restarted after, never calls the live publisher's agent inactive: like the daemon, it comes
+    /// back with no liveness state of its own (the store keeps cards only), so the publisher's
+    /// digest-only heartbeats make the agent active even before its list is fetched.
+    #[test]
+    fn a_restarted_node_forgets_a_declaration_it_saw() {
+        let p = params(50);
+        let (mut sim, _) = boot(&p);
+        let (observer, publisher) = (1, 2);
+        let key = sim.own_key(publisher, 0);
+        sim.crash(publisher);
+        sim.run_until(sim.now + 2 * SEC);
+        assert_eq!(sim.health(observer, &key), Some(Health::Inactive), "declared down there");
+        sim.crash(observer);
+        sim.restart(publisher);
+        // Past the beats that carry the publisher's list: the observer will hear digests only.
+        sim.run_until(sim.now + 10 * SEC);
+        sim.restart(observer);
+        assert_ne!(sim.nodes[observer].view[&key].reported, Reported::Offline);
+        let end = sim.now + 20 * SEC;
+        while sim.now < end {
+            let health = sim.health(observer, &key);
+            assert_ne!(health, Some(Health::Inactive), "at {} us", sim.now);
+            sim.run_until(sim.now + 10 * MS);
+        }
+        assert_eq!(sim.health(observer, &key), Some(Health::Active));
     }
 
     /// Every scenario completes on every node, a killed node's agent leaves `active` within two

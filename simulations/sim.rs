@@ -199,7 +199,11 @@ struct Rec {
     seq: u64,
     /// Millis of the last heartbeat that named it; 0: never.
     heard: u64,
+    /// What the publisher's list last said of it.
     reported: Reported,
+    /// Its publisher was declared down and no later heartbeat was applied since: offline whatever it
+    /// last reported (the registry's `Live`).
+    declared: bool,
     /// What last set `reported`, and when (millis), for `--explain`. A heartbeat whose list is not held
     /// keeps the state held, and leaves these as they were.
     via: Via,
@@ -345,8 +349,10 @@ impl Sim {
         };
         for (agent, seq) in node.agents.clone() {
             let key = RecordKey { agent_id: agent.to_string(), publisher: peer };
-            node.view
-                .insert(key, Rec { seq, heard: 0, reported: Reported::Ready, via: Via::Card, via_at: 0 });
+            node.view.insert(
+                key,
+                Rec { seq, heard: 0, reported: Reported::Ready, declared: false, via: Via::Card, via_at: 0 },
+            );
         }
         node
     }
@@ -394,7 +400,14 @@ impl Sim {
                 let key = RecordKey { agent_id: agent.to_string(), publisher: node.peer };
                 node.view.insert(
                     key,
-                    Rec { seq: now_ms, heard: 0, reported: Reported::Ready, via: Via::Card, via_at: now_ms },
+                    Rec {
+                        seq: now_ms,
+                        heard: 0,
+                        reported: Reported::Ready,
+                        declared: false,
+                        via: Via::Card,
+                        via_at: now_ms,
+                    },
                 );
             }
         }
@@ -486,6 +499,7 @@ impl Sim {
                 node.records.count_loaded(key.publisher);
                 rec.heard = 0;
                 rec.reported = Reported::default();
+                rec.declared = false;
                 rec.via = Via::Loaded;
                 rec.via_at = now_ms;
             }
@@ -726,6 +740,7 @@ impl Sim {
                     if let Some(rec) = node.view.get_mut(&key) {
                         rec.heard = rec.heard.max(heard.at.max(1));
                         rec.reported = *reported;
+                        rec.declared = false;
                         if let Some(via) = via {
                             (rec.via, rec.via_at) = (via, now);
                         }
@@ -782,7 +797,7 @@ impl Sim {
         let now = self.now / MS;
         for (key, rec) in node.view.iter_mut() {
             if key.publisher == peer {
-                rec.reported = Reported::Offline;
+                rec.declared = true;
                 rec.via = Via::Down;
                 rec.via_at = now;
             }
@@ -798,8 +813,8 @@ impl Sim {
         match node.records.admit(&key, held, seq, publisher != i) {
             Admission::Take { created } => {
                 let now = self.now / MS;
-                let (heard, reported, via, via_at) = match node.view.get(&key) {
-                    Some(r) => (r.heard, r.reported, r.via, r.via_at),
+                let (heard, reported, declared, via, via_at) = match node.view.get(&key) {
+                    Some(r) => (r.heard, r.reported, r.declared, r.via, r.via_at),
                     // New here: alive as of the newest heartbeat that named it, if one did.
                     None if created => node
                         .records
@@ -807,12 +822,12 @@ impl Sim {
                         .and_then(|(at, list)| {
                             list.iter()
                                 .find(|a| a.agent_id == agent && a.seq <= seq)
-                                .map(|a| (at, a.reported, Via::Card, now))
+                                .map(|a| (at, a.reported, false, Via::Card, now))
                         })
-                        .unwrap_or((0, Reported::Ready, Via::Card, now)),
-                    None => (0, Reported::Ready, Via::Card, now),
+                        .unwrap_or((0, Reported::Ready, false, Via::Card, now)),
+                    None => (0, Reported::Ready, false, Via::Card, now),
                 };
-                node.view.insert(key, Rec { seq, heard, reported, via, via_at });
+                node.view.insert(key, Rec { seq, heard, reported, declared, via, via_at });
                 node.index_dirty = true;
                 true
             }
@@ -1093,7 +1108,8 @@ impl Sim {
     fn health(&self, observer: usize, key: &RecordKey) -> Option<Health> {
         let rec = self.nodes[observer].view.get(key)?;
         let last = (rec.heard > 0).then_some(rec.heard);
-        Some(self.thresholds.health(self.ms(), last, rec.reported))
+        let reported = if rec.declared { Reported::Offline } else { rec.reported };
+        Some(self.thresholds.health(self.ms(), last, reported))
     }
 
     /// One false alarm, with what `observer` knows of `publisher`'s agent `key` and how it learnt it.
@@ -1105,8 +1121,8 @@ impl Sim {
         let list = o.records.current_list(&p.peer);
         format!(
             "false {:?} at {:.3} s: observer {observer} (up {:.3} s, life {}) sees agent of {publisher} \
-             (up {:.3} s, life {}, seq {own}): held seq {}, heard {} ms ago, reported {:?} by {:?} {} ms \
-             ago; newest heartbeat sent at {:?} ms, current list {}; observer connected to it: {}",
+             (up {:.3} s, life {}, seq {own}): held seq {}, heard {} ms ago, reported {:?} (declared down: {}) by {:?} \
+             {} ms ago; newest heartbeat sent at {:?} ms, current list {}; observer connected to it: {}",
             health.expect("checked"),
             self.now as f64 / 1e6,
             (self.now - o.started_at) as f64 / 1e6,
@@ -1116,6 +1132,7 @@ impl Sim {
             rec.seq,
             now.saturating_sub(rec.heard),
             rec.reported,
+            rec.declared,
             rec.via,
             now.saturating_sub(rec.via_at),
             o.records.heard_sent_at(&p.peer),
@@ -1650,7 +1667,8 @@ mod tests {
         // Past the beats that carry the publisher's list: the observer will hear digests only.
         sim.run_until(sim.now + 10 * SEC);
         sim.restart(observer);
-        assert_ne!(sim.nodes[observer].view[&key].reported, Reported::Offline);
+        let rec = &sim.nodes[observer].view[&key];
+        assert!(!rec.declared && rec.reported != Reported::Offline);
         let end = sim.now + 20 * SEC;
         while sim.now < end {
             let health = sim.health(observer, &key);

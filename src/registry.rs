@@ -14,7 +14,7 @@ pub mod witness;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -105,12 +105,20 @@ impl Origin {
 pub struct Live {
     /// Millis of the last heartbeat; 0 means never.
     last_heartbeat: AtomicU64,
+    /// What the publisher's list last said of the agent.
     reported: AtomicU8,
+    /// Its publisher was declared down, and no later heartbeat has been applied since: offline,
+    /// whatever it last reported.
+    declared_down: AtomicBool,
 }
 
 impl Default for Live {
     fn default() -> Self {
-        Self { last_heartbeat: AtomicU64::new(0), reported: AtomicU8::new(Reported::default().to_u8()) }
+        Self {
+            last_heartbeat: AtomicU64::new(0),
+            reported: AtomicU8::new(Reported::default().to_u8()),
+            declared_down: AtomicBool::new(false),
+        }
     }
 }
 
@@ -119,6 +127,7 @@ impl Live {
         // A beat never moves the time back (a fetched list is applied at an earlier arrival time).
         self.last_heartbeat.fetch_max(now.max(1), Ordering::AcqRel);
         self.reported.store(reported.to_u8(), Ordering::Release);
+        self.declared_down.store(false, Ordering::Release);
     }
 
     fn last(&self) -> Option<Millis> {
@@ -129,12 +138,20 @@ impl Live {
     }
 
     fn reported(&self) -> Reported {
+        if self.declared_down.load(Ordering::Acquire) {
+            return Reported::Offline;
+        }
+        self.last_reported()
+    }
+
+    fn last_reported(&self) -> Reported {
         Reported::from_u8(self.reported.load(Ordering::Acquire))
     }
 
-    /// Its publisher was declared down: offline until a newer heartbeat says otherwise.
+    /// Its publisher was declared down: offline until a newer heartbeat says otherwise (which restores
+    /// what the publisher last reported, when that heartbeat names a list this node does not hold).
     fn down(&self) {
-        self.reported.store(Reported::Offline.to_u8(), Ordering::Release);
+        self.declared_down.store(true, Ordering::Release);
     }
 }
 
@@ -187,6 +204,11 @@ impl Entry {
 
     pub fn reported(&self) -> Reported {
         self.live.reported()
+    }
+
+    /// What its publisher's list last said of it, a declaration of the publisher down aside.
+    pub fn last_reported(&self) -> Reported {
+        self.live.last_reported()
     }
 
     pub fn health(&self, now: Millis, thresholds: &Thresholds) -> Health {

@@ -97,7 +97,8 @@ impl Registry {
         let snapshot = self.snapshot();
         let list = heard.list.unwrap_or_else(|| {
             // A list this node missed: the publisher is alive, so its agents held here stay fresh with
-            // the states last heard until the fetched list arrives.
+            // the states last heard until the fetched list arrives (a declaration of the publisher down,
+            // which this newer heartbeat refutes, is not one of them).
             Arc::new(
                 snapshot
                     .entries
@@ -106,7 +107,7 @@ impl Registry {
                     .map(|e| HeartbeatAgent {
                         agent_id: e.key.agent_id.clone(),
                         seq: e.seq,
-                        reported: e.reported(),
+                        reported: e.last_reported(),
                     })
                     .collect(),
             )
@@ -470,6 +471,26 @@ mod tests {
         let out = r.remote_heartbeat(p, &hb(101), b"m101", 1_200);
         assert!(!out.replayed);
         assert_eq!(entry().health(1_200, t), Health::Active);
+    }
+
+    #[tokio::test]
+    async fn a_later_heartbeat_of_a_list_not_held_still_refutes_a_declaration() {
+        let (_dir, r, _key, p) = holding_remote_a_at_5().await;
+        let t = r.thresholds();
+        let entry = || r.snapshot().get("a", &p).unwrap().clone();
+        let agents = vec![HeartbeatAgent { agent_id: "a".into(), seq: 5, reported: Reported::Degraded }];
+        let full = HeartbeatBody { sent_at: 100, digest: wire::agents_digest(&agents), agents: Some(agents) };
+        r.remote_heartbeat(p, &full, b"m100", 1_000);
+        assert_eq!(entry().health(1_000, t), Health::Degraded);
+        assert!(r.remote_down(p, 100));
+        assert_eq!(entry().health(1_001, t), Health::Inactive);
+        // Back with a list this node never got (say, a card changed while it was cut off): alive, in
+        // the state it last reported, until the fetched list says more.
+        let out =
+            r.remote_heartbeat(p, &HeartbeatBody { sent_at: 101, digest: 42, agents: None }, b"m101", 1_200);
+        assert!(out.unknown_list);
+        assert_eq!(entry().health(1_200, t), Health::Degraded);
+        assert_eq!(entry().reported(), Reported::Degraded);
     }
 
     #[tokio::test]

@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""A publisher with many agents, and empty nodes joining it: real daemon processes on loopback.
+"""Publishers with many agents, and empty nodes joining them: real daemon processes on loopback.
 
     simulations/join_big.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
-        [--agents 10000] [--joiners 3] [--timeout 300]
+        [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300]
+
+With `--publishers P` the agents are split over P publishers (each its own data directory and key),
+the others bootstrapping to the first; the script waits until every publisher holds every agent
+`active` (the mesh's full view, timed from the first publisher's start and from the last's), then
+starts the joiners with `--bootstrap` to the first publisher.
 
 PATH_TO_DISCOVERY_BENCH is the `discovery` bench binary (`cargo bench --bench discovery --no-run` prints
 it); it writes the publisher's data directory (`--populate DIR N`). The script starts the publisher on
@@ -23,24 +28,62 @@ import time
 from daemon import Daemon, rss_mb
 
 
+def active(daemon):
+    """Agents `active` on `daemon`; 0 while it is too busy to answer its status in time."""
+    try:
+        return daemon.status()["records"].get("active", 0)
+    except OSError:
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--populate-bin", required=True)
     ap.add_argument("--agents", type=int, default=10_000)
+    ap.add_argument("--publishers", type=int, default=1)
     ap.add_argument("--joiners", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-join-")
-    publisher_dir = os.path.join(work, "publisher")
-    subprocess.run([opts.populate_bin, "--populate", publisher_dir, str(opts.agents)], check=True,
-                   stdout=subprocess.DEVNULL)
+    shares = [opts.agents // opts.publishers + (1 if i < opts.agents % opts.publishers else 0)
+              for i in range(opts.publishers)]
+    publisher_dirs = [os.path.join(work, "publisher" if i == 0 else f"publisher-{i}")
+                      for i in range(opts.publishers)]
+    for d, n in zip(publisher_dirs, shares):
+        subprocess.run([opts.populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
     daemons = []
+    result = {"agents": opts.agents, "publishers": opts.publishers, "joiners": []}
     try:
-        publisher = Daemon(opts.bin, publisher_dir, [])
+        first_started = time.time()
+        publisher = Daemon(opts.bin, publisher_dirs[0], [])
         daemons.append(publisher)
         addr = publisher.addr()
+        publishers = [publisher]
+        for d in publisher_dirs[1:]:
+            p = Daemon(opts.bin, d, ["--bootstrap", addr])
+            daemons.append(p)
+            publishers.append(p)
+        last_started = time.time()
+        if opts.publishers > 1:
+            deadline = time.time() + opts.timeout
+            waiting = list(publishers)
+            while waiting and time.time() < deadline:
+                waiting = [p for p in waiting if active(p) < opts.agents]
+                time.sleep(0.1)
+            done = time.time()
+            counts = sorted(active(p) for p in publishers)
+            result["mesh"] = {
+                "full_view_everywhere": not waiting,
+                "since_first_publisher_started_s": round(done - first_started, 2),
+                "since_last_publisher_started_s": round(done - last_started, 2),
+                "publishers_started_in_s": round(last_started - first_started, 2),
+                "active_per_publisher_min_median_max": [counts[0], counts[len(counts) // 2], counts[-1]],
+            }
+            if waiting:
+                print(json.dumps(result, indent=2))
+                sys.exit(1)
         joiners = []
         for i in range(opts.joiners):
             j = Daemon(opts.bin, os.path.join(work, f"joiner-{i}"), ["--bootstrap", addr])
@@ -52,10 +95,9 @@ def main():
         deadline = time.time() + opts.timeout
         while any(j.done is None for j in joiners) and time.time() < deadline:
             for j in joiners:
-                if j.done is None and j.status()["records"].get("active", 0) == opts.agents:
+                if j.done is None and active(j) == opts.agents:
                     j.done = time.time() - j.started
             time.sleep(0.05)
-        result = {"agents": opts.agents, "joiners": []}
         ok = True
         for i, j in enumerate(joiners):
             s = j.status()
@@ -91,10 +133,11 @@ def main():
             "empty_node_rss_mb": round(bare, 1),
             "kb_per_record": round((loaded - bare) * 1024 / opts.agents, 2),
         }
-        ps = publisher.status()
+        statuses = [p.status() for p in publishers]
         result["publisher"] = {"rss_mb": round(rss_mb(publisher.proc.pid), 1),
-                               "peers_banned": ps["peers_banned"], "rejected": ps["rejected"]}
-        ok &= ps["peers_banned"] == 0
+                               "peers_banned": sum(s["peers_banned"] for s in statuses),
+                               "rejected": [s["rejected"] for s in statuses if s["rejected"]]}
+        ok &= result["publisher"]["peers_banned"] == 0
         print(json.dumps(result, indent=2))
         sys.exit(0 if ok else 1)
     finally:

@@ -167,7 +167,8 @@ fn ranker<'a>(
     }
 }
 
-fn quality(cards: &[Value], queries: &[Labelled]) {
+/// `misses`: the name of a ranker whose misses (right answer not in its top 5) are listed to stderr.
+fn quality(cards: &[Value], queries: &[Labelled], misses: Option<&String>) {
     let snap = snapshot(cards, 1);
     let engine = Engine::default();
     let thresholds = Thresholds::default();
@@ -219,9 +220,6 @@ fn quality(cards: &[Value], queries: &[Labelled]) {
         rankers.push(("hybrid", Box::new(ranker(engine, &snap, &thresholds, WORDS))));
         rankers.push(("hybrid+graph", Box::new(ranker(engine, &snap, &thresholds, WORDS_GRAPH))));
     }
-    // `--misses RANKER`: list the queries that ranker misses in its top 5, to stderr.
-    let args: Vec<String> = std::env::args().collect();
-    let misses = args.iter().position(|a| a == "--misses").and_then(|i| args.get(i + 1));
     for (name, rank) in &rankers {
         let mut by_kind: Vec<(String, Scores)> = Vec::new();
         let mut all = Scores::default();
@@ -353,7 +351,9 @@ fn speed(cards: &[Value], queries: &[Labelled]) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (cards, queries) = load();
-    quality(&cards, &queries);
+    // `--misses RANKER`: list the queries that ranker misses in its top 5, to stderr.
+    let misses = args.iter().position(|a| a == "--misses").and_then(|i| args.get(i + 1));
+    quality(&cards, &queries, misses);
     if !args.iter().any(|a| a == "--quality") {
         speed(&cards, &queries);
     }

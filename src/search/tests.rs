@@ -295,13 +295,13 @@ fn everyday_words_reach_the_capability_through_the_thesaurus() {
 fn the_query_s_own_words_outrank_related_ones() {
     let engine = Engine::default();
     let snap = snapshot(1, reminders_view(peer()));
-    let mut req = Request::new("delete a file");
-    req.min_relevance = 0.0;
-    let found = engine.search(&snap, &req, 10, &thresholds());
-    assert_eq!(targets(&found)[0], "planner:skill:delete_file");
-    let mut req = Request::new("remove member");
-    req.min_relevance = 0.0;
-    let found = engine.search(&snap, &req, 10, &thresholds());
+    let search = |q: &str| {
+        let mut req = Request::new(q);
+        req.min_relevance = 0.0;
+        engine.search(&snap, &req, 10, &thresholds())
+    };
+    assert_eq!(targets(&search("delete a file"))[0], "planner:skill:delete_file");
+    let found = search("remove member");
     assert_eq!(targets(&found)[0], "planner:skill:remove_member");
     // "remove" relates to "delete": the file skill is found too, below.
     assert!(targets(&found).contains(&"planner:skill:delete_file"), "{:?}", targets(&found));

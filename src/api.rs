@@ -7,14 +7,17 @@ pub mod a2a;
 pub mod agentfield;
 pub mod agents;
 pub mod body;
+pub mod catalog;
 pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod mcp;
 pub mod metrics;
 pub mod render;
+pub mod resolve;
 pub mod search;
 pub mod server;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,9 +31,12 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::json;
 use tower_http::timeout::TimeoutLayer;
+use tracing::Instrument;
 
 use crate::clock::now_millis;
-use crate::defaults::{DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES, MAX_WATCHERS};
+use crate::defaults::{
+    DISCOVERY_CONCURRENCY, HTTP_REQUEST_TIMEOUT, MAX_BODY_BYTES, MAX_REQUEST_ID_LEN, MAX_WATCHERS,
+};
 use crate::registry::Registry;
 use error::ApiError;
 
@@ -41,7 +47,8 @@ pub struct AppState {
     pub cache: Arc<discovery::ResponseCache>,
     /// The capability search index, kept in step with the registry's view.
     pub search: Arc<crate::search::Engine>,
-    pub metrics: Arc<metrics::DiscoveryMetrics>,
+    /// Every metric family `/metrics` serves, and the discovery counters the request path updates.
+    pub metrics: Arc<metrics::Metrics>,
     /// Registry change events for watch streams.
     pub watch: Arc<crate::watch::Watch>,
     /// Bounds open watch streams.
@@ -59,6 +66,10 @@ pub struct AppState {
     pub tokenizer: crate::search::context::Counter,
     /// What the capability-manifest directories serve, when the node has any.
     pub manifests: Option<Arc<crate::manifest::reload::Manifests>>,
+    /// The last AI Catalog built, by view generation.
+    pub catalog: Arc<catalog::CatalogCache>,
+    /// What a registration offering another agent's capability gets.
+    pub duplicates: crate::config::DuplicatePolicy,
 }
 
 impl AppState {
@@ -71,11 +82,12 @@ impl AppState {
             registry.thresholds(),
             now * 1000,
         ));
+        let metrics = Arc::new(metrics::Metrics::new(registry.clone(), Default::default()));
         Self {
             registry,
             cache: Arc::default(),
             search: Arc::default(),
-            metrics: Arc::default(),
+            metrics,
             watch,
             watchers: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHERS)),
             discovery_permits: Arc::new(tokio::sync::Semaphore::new(DISCOVERY_CONCURRENCY)),
@@ -85,6 +97,8 @@ impl AppState {
             well_known_agent: None,
             tokenizer: Default::default(),
             manifests: None,
+            catalog: Arc::default(),
+            duplicates: crate::config::DuplicatePolicy::Route,
         }
     }
 
@@ -109,8 +123,20 @@ impl AppState {
         self
     }
 
+    pub fn with_duplicates(mut self, policy: crate::config::DuplicatePolicy) -> Self {
+        self.duplicates = policy;
+        self
+    }
+
     pub fn with_net(mut self, net: crate::net::NetHandle) -> Self {
         self.net = Some(net);
+        self
+    }
+
+    /// Serves libp2p's families too: `libp2p` is the registry the mesh records into. Call before the
+    /// state serves: the node's families start again from zero.
+    pub fn with_libp2p_metrics(mut self, libp2p: prometheus_client::registry::Registry) -> Self {
+        self.metrics = Arc::new(metrics::Metrics::new(self.registry.clone(), libp2p));
         self
     }
 }
@@ -119,6 +145,7 @@ pub fn router(state: AppState) -> Router {
     let writes = Router::new()
         .route("/api/v1/agents", post(agents::register))
         .route("/api/v1/agents/{id}", axum::routing::delete(agents::remove))
+        .route("/api/v1/agents/{id}/heartbeat", post(agentfield::heartbeat))
         .route("/api/v1/nodes/register", post(agentfield::register))
         .route("/api/v1/nodes/{id}/heartbeat", post(agentfield::heartbeat))
         .route("/api/v1/nodes/{id}/shutdown", post(agentfield::shutdown))
@@ -133,22 +160,66 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/discovery/search", get(search::search))
         .route("/api/v1/discovery/context", get(search::context))
         .route("/api/v1/discovery/tool", get(search::tool))
+        .route("/api/v1/discovery/resolve", get(resolve::resolve))
+        .route("/.well-known/ai-catalog.json", get(catalog::catalog))
         .route("/mcp", post(mcp::post))
         .route("/api/v1/discovery/events", get(events::events))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{id}", get(agents::get))
         .route("/api/v1/agents/{id}/agent-card.json", get(a2a::agent_card))
         .route("/.well-known/agent-card.json", get(a2a::well_known))
+        .route("/.well-known/agent.json", get(a2a::well_known))
         .route("/api/v1/nodes", get(agentfield::list_nodes))
         .route("/api/v1/nodes/{id}", get(agentfield::get_node))
         .route("/api/v1/mesh/status", get(mesh_status))
         .route("/api/v1/mesh/peers", get(mesh_peers))
         .route("/api/v1/manifests", get(manifests))
         .merge(writes)
+        .merge(ui::routes())
         .fallback(|| async { ApiError::NotFound("route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, HTTP_REQUEST_TIMEOUT))
+        .layer(middleware::from_fn(trace_request))
         .with_state(state)
+}
+
+/// The header that names a request in the logs: taken from the client when it sends a usable one,
+/// made here otherwise, and always sent back.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Runs each request in a `request` span (its id, method and path), so every log line written while it
+/// is handled carries them, answers with its `X-Request-Id`, and logs its completion (debug).
+async fn trace_request(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = request_id(req.headers());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %req.method(),
+        path = %req.uri().path(),
+    );
+    let mut response = next.run(req).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::debug!(
+            status = response.status().as_u16(),
+            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request completed"
+        )
+    });
+    if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+/// The client's `X-Request-Id` when it is 1 to `MAX_REQUEST_ID_LEN` visible ASCII characters, else a
+/// new random one (16 hex digits).
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| format!("{:016x}", rand::random::<u64>()), str::to_owned)
 }
 
 /// The OpenAPI 3.1 document of every route (`docs/openapi.json`, built in).

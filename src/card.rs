@@ -5,6 +5,7 @@
 //! without re-encoding, and a parsed `serde_json::Value` tree would cost several times the memory.
 
 pub mod a2a;
+pub mod foreign;
 pub mod held;
 pub mod reported;
 
@@ -15,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::defaults::{
-    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_REQUIRES, MAX_SHORT_TEXT, MAX_TAGS,
-    MAX_TAG_LEN, MAX_TARGET_LEN, MAX_URL_LEN,
+    MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_METADATA, MAX_REQUIRES, MAX_SHORT_TEXT,
+    MAX_TAGS, MAX_TAG_LEN, MAX_TARGET_LEN, MAX_URL_LEN,
 };
 
 /// Why a card was refused. `field` is a path into the card (`reasoners[2].id`).
@@ -89,6 +90,10 @@ pub struct AgentCard {
     pub description: String,
     #[serde(default = "default_version")]
     pub version: String,
+    /// The group the agent belongs to (AgentField's `group_id`: replicas and versions of one service);
+    /// none: the agent id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
     pub base_url: String,
     #[serde(default = "default_deployment_type")]
     pub deployment_type: String,
@@ -98,6 +103,10 @@ pub struct AgentCard {
     /// context tiers; a capability without its own inherits it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+    /// Free key/value facts about the agent (`owner_team`, `tenant_scope`, …), filterable in discovery
+    /// as `metadata.KEY=VALUE`; a capability's own entries override these for that capability.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
     #[serde(default)]
     pub reasoners: Vec<Capability>,
     #[serde(default)]
@@ -111,6 +120,13 @@ pub struct AgentCard {
     /// A2A `supportedInterfaces`. Empty: one `HTTP+JSON` interface at `base_url`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<Interface>,
+    /// The A2A fields the card has no field of its own for, as an A2A 1.0 card writes them:
+    /// `provider`, `documentationUrl`, `iconUrl`, `capabilities` (`streaming`, `pushNotifications`,
+    /// `extendedAgentCard`, `extensions` other than agentmesh's own), `securitySchemes`,
+    /// `securityRequirements`. Held minified, checked against the A2A model ([`a2a::schema`]), and
+    /// served in the card's A2A view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<Box<RawValue>>,
     /// The publisher's JWS over the card's A2A view ([`a2a`]). Set by the publishing node, checked by
     /// every node that receives the card; whatever a registering client puts here is replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,10 +142,13 @@ pub struct Interface {
     pub protocol_binding: String,
     /// The A2A protocol version the interface speaks (`1.0`).
     pub protocol_version: String,
+    /// A2A `tenant`: the tenant to name in requests sent to this interface, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
 }
 
 /// A reasoner or a skill.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capability {
     pub id: String,
@@ -157,6 +176,51 @@ pub struct Capability {
     /// Whether calling it changes something outside (sends, writes, pays, deletes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub has_side_effects: bool,
+    /// How well the agent expects to do this, 0 to 1 (AgentSpec's `confidence_hint`): `resolve` prefers
+    /// the higher among otherwise equal targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_hint: Option<f64>,
+    /// Key/value facts about this capability, over the agent's.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+    /// A2A `inputModes`: the media types it takes. Empty: the card's `input_modes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_modes: Vec<String>,
+    /// A2A `outputModes`: the media types it answers with. Empty: the card's `output_modes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_modes: Vec<String>,
+    /// The A2A skill fields it has no field of its own for (`securityRequirements`), as an A2A 1.0
+    /// card writes them; held like the card's `a2a`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<Box<RawValue>>,
+}
+
+/// Key/value metadata, in key order (so the card's canonical JSON is stable).
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
+/// An empty card with the defaults a JSON card gets for what it leaves out (for building cards in code).
+impl Default for AgentCard {
+    fn default() -> Self {
+        Self {
+            agent_id: String::new(),
+            name: String::new(),
+            description: String::new(),
+            version: default_version(),
+            group_id: None,
+            base_url: String::new(),
+            deployment_type: default_deployment_type(),
+            tags: Vec::new(),
+            category: None,
+            metadata: Metadata::new(),
+            reasoners: Vec::new(),
+            skills: Vec::new(),
+            input_modes: default_modes(),
+            output_modes: default_modes(),
+            interfaces: Vec::new(),
+            a2a: None,
+            a2a_signature: None,
+        }
+    }
 }
 
 fn default_version() -> String {
@@ -198,6 +262,7 @@ impl AgentCard {
                 cap.minify(&format!("{kind}[{i}]"))?;
             }
         }
+        self.a2a = a2a::schema::held(self.a2a.take(), &a2a::schema::CARD_EXTRAS, "a2a")?;
         self.validate()?;
         Ok(self)
     }
@@ -219,23 +284,33 @@ impl AgentCard {
         if let Some(category) = &self.category {
             check_category("category", category)?;
         }
+        if let Some(group) = &self.group_id {
+            check_id("group_id", group)?;
+        }
+        check_metadata("metadata", &self.metadata)?;
         check_modes("input_modes", &self.input_modes)?;
         check_modes("output_modes", &self.output_modes)?;
         if self.interfaces.len() > MAX_INTERFACES {
             return Err(CardError::invalid("interfaces", format!("more than {MAX_INTERFACES} interfaces")));
         }
         for (i, iface) in self.interfaces.iter().enumerate() {
-            check_url(&format!("interfaces[{i}].url"), &iface.url)?;
-            for (text, name) in
-                [(&iface.protocol_binding, "protocol_binding"), (&iface.protocol_version, "protocol_version")]
-            {
-                if text.is_empty() || text.len() > MAX_TAG_LEN {
+            check_interface_url(&format!("interfaces[{i}].url"), &iface.url)?;
+            // A binding is a name (`JSONRPC`) or, for a custom binding, a URI.
+            for (text, name, max) in [
+                (&iface.protocol_binding, "protocol_binding", MAX_SHORT_TEXT),
+                (&iface.protocol_version, "protocol_version", MAX_TAG_LEN),
+            ] {
+                if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
                     return Err(CardError::invalid(
                         format!("interfaces[{i}].{name}"),
-                        format!("must be 1 to {MAX_TAG_LEN} bytes"),
+                        format!("must be 1 to {max} bytes, without control characters"),
                     ));
                 }
             }
+            check_text(&format!("interfaces[{i}].tenant"), &iface.tenant, MAX_SHORT_TEXT)?;
+        }
+        if let Some(raw) = &self.a2a {
+            a2a::schema::check_held(raw, &a2a::schema::CARD_EXTRAS, "a2a")?;
         }
         if let Some(sig) = &self.a2a_signature {
             sig.validate()?;
@@ -305,14 +380,20 @@ impl AgentCard {
         }
     }
 
-    /// Parses a card in either form: an agentmesh card, or an A2A card (no `agent_id`).
+    /// Parses a card in any form it is registered in: an agentmesh card; an AgentSpec document
+    /// (`agent_type`) or an openribcage card (`endpoints`, or `capabilities` as names), see [`foreign`];
+    /// or an A2A card (no `agent_id`).
     pub fn from_json_any(bytes: &[u8]) -> Result<Self, CardError> {
         if bytes.len() > MAX_CARD_BYTES * 4 {
             return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
         }
         let value: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| CardError::Malformed { field: "card".into(), reason: e.to_string() })?;
-        if a2a::looks_like_a2a(&value) {
+        if foreign::looks_like_agentspec(&value) {
+            foreign::from_agentspec(value)
+        } else if foreign::looks_like_openribcage(&value) {
+            foreign::from_openribcage(value)
+        } else if a2a::looks_like_a2a(&value) {
             a2a::from_a2a(value)
         } else {
             Self::from_json(bytes)
@@ -359,6 +440,7 @@ impl Capability {
             })?;
             *example = to_raw(&value);
         }
+        self.a2a = a2a::schema::held(self.a2a.take(), &a2a::schema::SKILL_EXTRAS, &format!("{at}.a2a"))?;
         Ok(())
     }
 
@@ -379,12 +461,26 @@ impl Capability {
             MAX_TAG_LEN,
             "",
         )?;
+        if let Some(hint) = self.confidence_hint {
+            if !(0.0..=1.0).contains(&hint) {
+                return Err(CardError::invalid(
+                    format!("{at}.confidence_hint"),
+                    "must be a number from 0 to 1",
+                ));
+            }
+        }
+        check_metadata(&format!("{at}.metadata"), &self.metadata)?;
         for (slot, name) in [(&self.input_schema, "input_schema"), (&self.output_schema, "output_schema")] {
             if let Some(raw) = slot {
                 if !raw.get().starts_with('{') {
                     return Err(CardError::invalid(format!("{at}.{name}"), "must be a JSON object"));
                 }
             }
+        }
+        check_tags(&format!("{at}.input_modes"), &self.input_modes)?;
+        check_tags(&format!("{at}.output_modes"), &self.output_modes)?;
+        if let Some(raw) = &self.a2a {
+            a2a::schema::check_held(raw, &a2a::schema::SKILL_EXTRAS, &format!("{at}.a2a"))?;
         }
         Ok(())
     }
@@ -428,10 +524,42 @@ fn check_url(field: &str, url: &str) -> Result<(), CardError> {
     if url.len() > MAX_URL_LEN {
         return Err(CardError::invalid(field, format!("longer than {MAX_URL_LEN} bytes")));
     }
+    // An agent reached over NATS (AgentSpec) is named by its subject: `nats:agents.payments.refund`.
+    if let Some(subject) = url.strip_prefix(foreign::NATS_SCHEME) {
+        let ok =
+            !subject.is_empty() && subject.chars().all(|c| c.is_ascii_alphanumeric() || "._-*>".contains(c));
+        return if ok {
+            Ok(())
+        } else {
+            Err(CardError::invalid(field, "a nats: URL names a subject (A-Z a-z 0-9 . _ - * >)"))
+        };
+    }
     let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
     match rest {
         Some(host) if !host.is_empty() && !host.contains(char::is_whitespace) => Ok(()),
-        _ => Err(CardError::invalid(field, "must be an http:// or https:// URL")),
+        _ => Err(CardError::invalid(field, "must be an http:// or https:// URL (or nats:SUBJECT)")),
+    }
+}
+
+/// An A2A interface may be reached over other schemes than HTTP (`wss://`, a custom binding's), so
+/// its URL needs only a scheme and something after it; or it is a NATS subject (`nats:SUBJECT`).
+fn check_interface_url(field: &str, url: &str) -> Result<(), CardError> {
+    if url.starts_with(foreign::NATS_SCHEME) {
+        return check_url(field, url);
+    }
+    if url.is_empty() || url.len() > MAX_URL_LEN {
+        return Err(CardError::invalid(field, format!("must be 1 to {MAX_URL_LEN} bytes")));
+    }
+    let ok = url.split_once("://").is_some_and(|(scheme, rest)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+            && !rest.is_empty()
+            && !rest.contains(char::is_whitespace)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(CardError::invalid(field, "must be a URL (scheme://...)"))
     }
 }
 
@@ -489,6 +617,51 @@ fn check_names(field: &str, names: &[String], max: usize, len: usize, extra: &st
         }
     }
     Ok(())
+}
+
+/// Metadata: at most `MAX_METADATA` entries; keys of 1 to `MAX_TAG_LEN` bytes in the id charset (so
+/// `metadata.KEY=` parses the same everywhere), values of at most `MAX_SHORT_TEXT` bytes with no control
+/// characters.
+pub fn check_metadata(field: &str, metadata: &Metadata) -> Result<(), CardError> {
+    if metadata.len() > MAX_METADATA {
+        return Err(CardError::invalid(field, format!("more than {MAX_METADATA} entries")));
+    }
+    for (key, value) in metadata {
+        if !metadata_key_ok(key) {
+            return Err(CardError::invalid(
+                format!("{field}.{key}"),
+                format!("keys must be 1 to {MAX_TAG_LEN} bytes of A-Z a-z 0-9 _ - ."),
+            ));
+        }
+        if !metadata_value_ok(value) {
+            return Err(CardError::invalid(
+                format!("{field}.{key}"),
+                format!("values must be at most {MAX_SHORT_TEXT} bytes with no control characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn metadata_key_ok(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_TAG_LEN
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+}
+
+fn metadata_value_ok(value: &str) -> bool {
+    value.len() <= MAX_SHORT_TEXT && !value.chars().any(char::is_control)
+}
+
+/// The entries a card's metadata can hold, at most `MAX_METADATA` of them: for documents from other
+/// registries (AgentField's `metadata.custom`, AgentSpec, openribcage), whose extra fields must not
+/// make a registration fail.
+pub fn keep_metadata(entries: impl IntoIterator<Item = (String, String)>) -> Metadata {
+    entries
+        .into_iter()
+        .filter(|(k, v)| metadata_key_ok(k) && metadata_value_ok(v))
+        .take(MAX_METADATA)
+        .collect()
 }
 
 fn check_modes(field: &str, modes: &[String]) -> Result<(), CardError> {

@@ -205,6 +205,14 @@ pub struct RunArgs {
     /// the variable), e.g. http://127.0.0.1:9000/.well-known/agent-card.json.
     #[arg(long = "card-url", env = "AGENTMESH_CARD_URLS", value_name = "URL", value_delimiter = ',')]
     pub card_urls: Vec<String>,
+    /// What an HTTP registration offering a capability id another agent already offers gets: route
+    /// (accepted; resolve picks one) or reject (409).
+    #[arg(long, env = "AGENTMESH_DUPLICATE_CAPABILITIES", value_name = "POLICY")]
+    pub duplicate_capabilities: Option<crate::config::DuplicatePolicy>,
+    /// A URL that receives the watch stream's events as signed POSTs (repeatable; space-separated in the
+    /// variable), with discovery filters after #: http://127.0.0.1:9000/hook#tags=payments
+    #[arg(long = "webhook", env = "AGENTMESH_WEBHOOKS", value_name = "URL[#FILTERS]", value_delimiter = ' ')]
+    pub webhooks: Vec<String>,
     /// How often card URLs are fetched.
     #[arg(long, env = "AGENTMESH_CARD_POLL_INTERVAL", value_name = "DURATION", value_parser = duration)]
     pub card_poll_interval: Option<Duration>,
@@ -293,6 +301,12 @@ impl RunArgs {
         }
         if !self.card_urls.is_empty() {
             c.card_urls = self.card_urls.clone();
+        }
+        if !self.webhooks.is_empty() {
+            c.webhooks = self.webhooks.clone();
+        }
+        if let Some(v) = self.duplicate_capabilities {
+            c.duplicate_capabilities = v;
         }
         if let Some(v) = self.card_poll_interval {
             c.card_poll_interval = v;

@@ -26,6 +26,16 @@ pub enum ConfigError {
     Invalid { setting: &'static str, reason: String },
 }
 
+/// What a registration offering a capability another agent already offers gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DuplicatePolicy {
+    /// Accepted: several agents serve the capability, and `resolve` picks one.
+    Route,
+    /// Refused (409) while another agent offers it.
+    Reject,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -77,6 +87,14 @@ pub struct Config {
     /// every `card_poll_interval`: a changed card is republished, a failed fetch reports the agent
     /// `degraded` (`offline` after three in a row). Default none.
     pub card_urls: Vec<String>,
+    /// What an HTTP registration whose capability id another agent of the view already offers gets
+    /// (AgentSpec's duplicate-capability policy): `route` (accepted: both serve it, `resolve` picks one)
+    /// or `reject` (409 naming the capability and the agent that has it). Default `route`.
+    pub duplicate_capabilities: DuplicatePolicy,
+    /// Webhooks: URLs that receive the watch stream's events as signed POSTs, each with its discovery
+    /// filters after `#` (`http://127.0.0.1:9000/hook#tags=payments&health_status=active`; the fragment is
+    /// never sent). See [`crate::webhook`]. Default none.
+    pub webhooks: Vec<String>,
     /// How often `card_urls` are fetched. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub card_poll_interval: Duration,
@@ -128,6 +146,8 @@ impl Default for Config {
             probe_interval: None,
             probe_path: defaults::PROBE_PATH.to_owned(),
             card_urls: Vec::new(),
+            webhooks: Vec::new(),
+            duplicate_capabilities: DuplicatePolicy::Route,
             card_poll_interval: defaults::CARD_POLL_INTERVAL,
             well_known_agent: None,
             log_format: LogFormat::Text,
@@ -160,6 +180,8 @@ impl fmt::Debug for Config {
             .field("probe_interval", &self.probe_interval)
             .field("probe_path", &self.probe_path)
             .field("card_urls", &self.card_urls)
+            .field("webhooks", &self.webhooks.len())
+            .field("duplicate_capabilities", &self.duplicate_capabilities)
             .field("card_poll_interval", &self.card_poll_interval)
             .field("well_known_agent", &self.well_known_agent)
             .field("log_format", &self.log_format)
@@ -257,6 +279,11 @@ impl Config {
         for url in &self.card_urls {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return invalid("card_urls", format!("`{url}` must be an http:// or https:// URL"));
+            }
+        }
+        for hook in &self.webhooks {
+            if let Err(e) = crate::webhook::Webhook::parse(hook) {
+                return invalid("webhooks", e.to_string());
             }
         }
         if self.card_poll_interval.is_zero() {

@@ -53,10 +53,16 @@ pub const MAX_REQUIRES: usize = 32;
 pub const MAX_TARGET_LEN: usize = 2 * MAX_ID_LEN + 16;
 /// Longest short text field (name, version, deployment type).
 pub const MAX_SHORT_TEXT: usize = 256;
+/// Metadata entries per agent and per capability (`metadata`).
+pub const MAX_METADATA: usize = 32;
 /// Longest URL.
 pub const MAX_URL_LEN: usize = 2048;
 /// Most A2A interfaces on one card.
 pub const MAX_INTERFACES: usize = 8;
+/// Deepest nesting of an A2A extension's `params` (objects and arrays inside it). A card is re-read
+/// by every node and by A2A verifiers, whose JSON readers stop at 128 levels; the card around the
+/// params adds a few of its own.
+pub const MAX_A2A_PARAMS_DEPTH: usize = 32;
 
 /// Discovery page size when `limit` is not given.
 pub const DISCOVERY_LIMIT: usize = 100;
@@ -68,6 +74,10 @@ pub const MAX_DISCOVERY_OFFSET: usize = 1_000_000;
 pub const MAX_QUERY_IDS: usize = 1000;
 /// Most patterns in one `tags` filter.
 pub const MAX_QUERY_TAGS: usize = 64;
+/// Most `metadata.KEY=VALUE` filters in one query.
+pub const MAX_QUERY_METADATA: usize = 8;
+/// Targets `resolve` names as failover after the one it picks.
+pub const RESOLVE_FAILOVER: usize = 3;
 
 /// Discovery responses kept in the response cache.
 pub const CACHE_ENTRIES: usize = 1024;
@@ -84,6 +94,15 @@ pub const CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// A request that has not completed by then is answered 408.
 pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a connection's last answer, what the client still sends is read and dropped (lingering
+/// close) for at most this long, so a client writing a refused body whole reads its 413 rather than
+/// a reset.
+pub const LINGER_TIME: Duration = Duration::from_secs(5);
+/// ... and at most this many bytes.
+pub const LINGER_BYTES: usize = 64 * 1024 * 1024;
+/// The longest `X-Request-Id` taken from a client (longer or non-printable ones are replaced by a new
+/// id), so a client cannot make every log line of its requests arbitrarily long.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
 /// Request headers must arrive within this, counted from when the connection waits for a request:
 /// slow clients, and idle keep-alive connections, are closed after it.
 pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -23,12 +23,13 @@
 //! - [`probe`]: optional liveness probes of local agents that do not heartbeat for themselves, and the
 //!   polling of agents' own card URLs.
 //! - [`watch`]: registry change events (added, updated, health changed, removed) for the watch stream.
+//! - [`webhook`]: those events delivered as signed POSTs to configured URLs, with retries.
 //! - [`node`]: the facade that starts all of the above and owns shutdown.
 //! - [`tasks`]: the node's supervised task set (a task that stops fails the node, naming it) and the
 //!   non-overlapping periodic timer its loops share.
 //!
 //! Tasks, all in one supervised set: the HTTP server, the mesh event loop, the ingest worker, the
-//! watcher, eviction, and (when configured) probes, card-URL polling and capability manifests. Writers are serialised by the
+//! watcher, eviction, and (when configured) probes, card-URL polling, capability manifests and one task per webhook. Writers are serialised by the
 //! registry; readers never block.
 
 pub mod api;
@@ -49,4 +50,5 @@ pub mod registry;
 pub mod search;
 pub mod tasks;
 pub mod watch;
+pub mod webhook;
 pub mod wire;

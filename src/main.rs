@@ -27,10 +27,24 @@ async fn main() -> ExitCode {
     match run(Cli::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", report(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, like `{:#}`, but a cause whose text the line already ends
+/// with is not repeated: many errors name their source in their own message and also return it as
+/// `source()`, which `{:#}` would print twice.
+fn report(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = format!(": {cause}");
+        if !line.ends_with(&text) {
+            line.push_str(&text);
+        }
+    }
+    line.strip_prefix(": ").unwrap_or(&line).to_owned()
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -28,6 +28,7 @@ use libp2p::core::upgrade;
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::identity::{Keypair, PeerId};
+use libp2p::metrics::Recorder as _;
 use libp2p::multiaddr::Protocol;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::request_response::{self, ProtocolSupport};
@@ -166,15 +167,18 @@ impl NetHandle {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Starts the mesh: listens, subscribes, dials the bootstrap peers and spawns its two tasks into the
-/// node's supervised set.
+/// node's supervised set. libp2p's own metrics (`libp2p_*`) are registered in `metrics`.
 pub async fn spawn(
     config: NetConfig,
     keypair: Keypair,
     registry: Arc<Registry>,
+    metrics: &mut prometheus_client::registry::Registry,
     tasks: &mut Tasks,
 ) -> Result<NetHandle, NetError> {
     let mut swarm = build_swarm(&keypair, &config)?;
+    let recorder = libp2p::metrics::Metrics::new(metrics);
     for addr in &config.listen {
+        behaviour::ensure_port_free(addr)?;
         swarm
             .listen_on(addr.clone())
             .map_err(|e| NetError::Listen { addr: addr.clone(), reason: e.to_string() })?;
@@ -226,6 +230,7 @@ pub async fn spawn(
         verdicts,
         changes,
         counters,
+        recorder,
         bootstrap,
         cards,
         heartbeats,
@@ -260,6 +265,8 @@ struct EventLoop {
     verdicts: mpsc::Receiver<Verdict>,
     changes: broadcast::Receiver<LocalChange>,
     counters: Arc<Counters>,
+    /// libp2p's own metrics: swarm events (connections), gossipsub, Kademlia, identify and ping.
+    recorder: libp2p::metrics::Metrics,
     bootstrap: Vec<Bootstrap>,
     cards: IdentTopic,
     heartbeats: IdentTopic,
@@ -280,8 +287,9 @@ struct EventLoop {
     /// The protocol's decisions: sync questions, fetch claims, failure detection, bans.
     state: State,
     /// The protocol state's number of each sync request in flight (as many as it has in flight, at
-    /// most `MAX_SYNC_IN_FLIGHT`).
-    requests: HashMap<request_response::OutboundRequestId, state::RequestId>,
+    /// most `MAX_SYNC_IN_FLIGHT`), and the span its answer is handled in (the ingest of the records
+    /// it brings included).
+    requests: HashMap<request_response::OutboundRequestId, (state::RequestId, tracing::Span)>,
     /// The view generation of the index the protocol state holds.
     index_generation: Option<u64>,
 }
@@ -429,20 +437,7 @@ impl EventLoop {
                 let _ = reply.send(self.status());
             }
             Command::Peers(reply) => {
-                let peers = self
-                    .swarm
-                    .connected_peers()
-                    .map(|p| PeerInfo {
-                        peer_id: p.to_base58(),
-                        addresses: self
-                            .addrs
-                            .get(p)
-                            .map(|a| a.iter().map(ToString::to_string).collect())
-                            .unwrap_or_default(),
-                        rtt_ms: self.rtts.get(p).map(|d| d.as_secs_f64() * 1e3),
-                    })
-                    .collect();
-                let _ = reply.send(peers);
+                let _ = reply.send(self.peers());
             }
             Command::Leave(_) => {}
         }
@@ -465,6 +460,7 @@ impl EventLoop {
     }
 
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        self.recorder.record(&event);
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::info!(%address, "mesh listening");
@@ -528,6 +524,13 @@ impl EventLoop {
     }
 
     fn on_behaviour_event(&mut self, event: BehaviourEvent) {
+        match &event {
+            BehaviourEvent::Gossipsub(e) => self.recorder.record(e),
+            BehaviourEvent::Kad(e) => self.recorder.record(e),
+            BehaviourEvent::Identify(e) => self.recorder.record(e),
+            BehaviourEvent::Ping(e) => self.recorder.record(e),
+            BehaviourEvent::Mdns(_) | BehaviourEvent::Sync(_) => {}
+        }
         match event {
             BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 propagation_source,

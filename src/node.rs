@@ -47,6 +47,8 @@ pub enum NodeError {
     Net(#[from] NetError),
     #[error("cannot load the embedding model: {0}")]
     Semantic(#[from] crate::search::semantic::SemanticError),
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::WebhookError),
     #[error("cannot read network key file {path}: {reason}")]
     NetworkKey { path: PathBuf, reason: String },
 }
@@ -161,7 +163,9 @@ impl Node {
             allowed_publishers,
         };
         let mut tasks = Tasks::new(CancellationToken::new());
-        let net = net::spawn(net_config, identity.keypair().clone(), registry.clone(), &mut tasks).await?;
+        let mut libp2p_metrics = prometheus_client::registry::Registry::default();
+        let keypair = identity.keypair().clone();
+        let net = net::spawn(net_config, keypair, registry.clone(), &mut libp2p_metrics, &mut tasks).await?;
 
         let tokenizer = Counter::parse(&config.tokenizer).unwrap_or_default();
         // Exact tokenizers load their tables once, here, not in the first request.
@@ -178,7 +182,9 @@ impl Node {
         }
         let mut state = AppState::new(registry.clone(), config.api_key.clone())
             .with_net(net.clone())
+            .with_libp2p_metrics(libp2p_metrics)
             .with_well_known_agent(config.well_known_agent.clone())
+            .with_duplicates(config.duplicate_capabilities)
             .with_tokenizer(tokenizer);
         if let Some(model) = config.embedding_model.clone() {
             let cache = config.data_dir.join(EMBEDDINGS_DIR);
@@ -203,6 +209,19 @@ impl Node {
             tasks.spawn("capability manifests", reloader.run(tasks.token()));
         }
         tasks.spawn_loop("watcher", crate::watch::run(registry.clone(), state.watch.clone(), tasks.token()));
+        for spec in &config.webhooks {
+            // Validated with the config: a refusal here is the same refusal.
+            let hook = crate::webhook::Webhook::parse(spec)?;
+            tracing::info!(webhook = %hook.name(), "webhook configured");
+            let deliveries = crate::webhook::run(
+                hook,
+                state.watch.clone(),
+                *registry.thresholds(),
+                identity.keypair().clone(),
+                tasks.token(),
+            );
+            tasks.spawn_loop("webhook", deliveries);
+        }
         tasks.spawn_loop(
             "eviction",
             evict(registry.clone(), config.heartbeat_interval, config.evict_after, tasks.token()),

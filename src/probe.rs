@@ -43,6 +43,8 @@ pub async fn run(
             .iter()
             .filter(|e| e.origin == Origin::Local(Liveness::Node))
             .map(|e| (e.key.agent_id.clone(), e.card.view().base_url.trim_end_matches('/').to_owned()))
+            // Only HTTP agents can be probed; one reached by a message-bus subject reports for itself.
+            .filter(|(_, base_url)| base_url.starts_with("http"))
             .collect();
         failures.retain(|id, _| targets.iter().any(|(t, _)| t == id));
         for (agent_id, base_url) in targets {

@@ -3,9 +3,13 @@
 
 use std::collections::BTreeSet;
 
-use crate::card::held::CapIndex;
+use std::collections::HashMap;
+
+use crate::card::held::{CapIndex, CapRef, CardRef};
+use crate::card::reported::Lifecycle;
 use crate::defaults::{
-    DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_TAGS,
+    DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_METADATA,
+    MAX_QUERY_TAGS, MAX_TAG_LEN,
 };
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::Entry;
@@ -123,8 +127,57 @@ pub struct Query {
     pub include_examples: bool,
     pub format: Format,
     pub health: Option<Health>,
+    /// `version=`: one exact semantic version, or the highest of each agent id.
+    pub version: Option<VersionFilter>,
+    /// `lifecycle=`: what the agent says of taking new work.
+    pub lifecycle: Option<Lifecycle>,
+    /// `metadata.KEY=VALUE` filters, by key: a capability passes when its metadata value for each key
+    /// (its own, else its agent's) matches the pattern.
+    pub metadata: Vec<(String, Pattern)>,
+    /// `input_mode=`: a media type the capability must take (its own modes, else its card's).
+    pub input_mode: Option<MediaType>,
+    /// `output_mode=`: a media type the capability must answer with.
+    pub output_mode: Option<MediaType>,
     pub limit: usize,
     pub offset: usize,
+}
+
+/// A media type asked for (`audio/wav`, `audio/*`, `*/*`), lower case, parameters dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaType(String);
+
+impl MediaType {
+    pub fn parse(s: &str) -> Option<Self> {
+        let essence = s.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        let (kind, sub) = essence.split_once('/')?;
+        let token = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+        (token(kind) && token(sub)).then_some(Self(essence))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether a capability that declares `offered` serves this media type: equal, or either side a
+    /// range (`audio/*`, `*/*`) that covers the other.
+    pub fn served_by(&self, offered: &str) -> bool {
+        let Some(offered) = MediaType::parse(offered) else { return false };
+        let covers = |range: &str, other: &str| match range.split_once('/') {
+            Some(("*", "*")) => true,
+            Some((kind, "*")) => other.split_once('/').is_some_and(|(k, _)| k == kind),
+            _ => range == other,
+        };
+        covers(&offered.0, &self.0) || covers(&self.0, &offered.0)
+    }
+}
+
+/// The `version` filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionFilter {
+    Exact(semver::Version),
+    /// The highest semantic version among the records of each group (`group_id`, else the agent id; all
+    /// of them when none has one).
+    Latest,
 }
 
 impl Default for Query {
@@ -140,6 +193,11 @@ impl Default for Query {
             include_examples: false,
             format: Format::Json,
             health: None,
+            version: None,
+            lifecycle: None,
+            metadata: Vec::new(),
+            input_mode: None,
+            output_mode: None,
             limit: DISCOVERY_LIMIT,
             offset: 0,
         }
@@ -151,6 +209,13 @@ const FORMAT_ALLOWED: &[&str] = &["json", "xml", "compact"];
 const HEALTH_ALLOWED: &[&str] = &["active", "inactive", "degraded", "unknown"];
 const LIMIT_ALLOWED: &[&str] = &["0-500"];
 const OFFSET_ALLOWED: &[&str] = &["0-1000000"];
+const VERSION_ALLOWED: &[&str] = &["a semantic version (1.2.3)", "latest"];
+const MODE_ALLOWED: &[&str] = &["a media type (audio/wav, audio/*)"];
+const LIFECYCLE_ALLOWED: &[&str] = &["ready", "busy", "draining"];
+const METADATA_ALLOWED: &[&str] = &["metadata.KEY=VALUE, KEY of A-Z a-z 0-9 _ - ."];
+
+/// The prefix of metadata filter parameters.
+pub const METADATA_PREFIX: &str = "metadata.";
 
 impl Query {
     /// Parses a raw (percent-encoded) query string. The first occurrence of a parameter counts;
@@ -220,6 +285,34 @@ impl Query {
                 allowed: HEALTH_ALLOWED,
             })?);
         }
+        if let Some(v) = get("version").filter(|v| !v.is_empty()) {
+            q.version = Some(if v.eq_ignore_ascii_case("latest") {
+                VersionFilter::Latest
+            } else {
+                VersionFilter::Exact(semver::Version::parse(v).map_err(|_| ParamError {
+                    parameter: "version",
+                    provided: v.to_owned(),
+                    allowed: VERSION_ALLOWED,
+                })?)
+            });
+        }
+        if let Some(v) = get("lifecycle").filter(|v| !v.is_empty()) {
+            q.lifecycle = Some(Lifecycle::parse(v).ok_or_else(|| ParamError {
+                parameter: "lifecycle",
+                provided: v.to_owned(),
+                allowed: LIFECYCLE_ALLOWED,
+            })?);
+        }
+        q.metadata = metadata_filters(params)?;
+        for (name, slot) in [("input_mode", &mut q.input_mode), ("output_mode", &mut q.output_mode)] {
+            if let Some(v) = get(name).filter(|v| !v.is_empty()) {
+                *slot = Some(MediaType::parse(v).ok_or_else(|| ParamError {
+                    parameter: name,
+                    provided: v.to_owned(),
+                    allowed: MODE_ALLOWED,
+                })?);
+            }
+        }
         if let Some(v) = get("limit") {
             q.limit = parse_int("limit", v, MAX_DISCOVERY_LIMIT, LIMIT_ALLOWED)?;
         }
@@ -236,8 +329,14 @@ impl Query {
         let tags: Vec<&str> = self.tags.iter().map(|p| p.source.as_str()).collect();
         let pattern = |p: &Option<Pattern>| p.as_ref().map(|p| p.source.clone());
         // Strings in their escaped, quoted form: a separator inside one cannot make two queries alike.
+        let metadata: Vec<(&str, &str)> =
+            self.metadata.iter().map(|(k, p)| (k.as_str(), p.source.as_str())).collect();
+        let modes = (
+            self.input_mode.as_ref().map(MediaType::as_str),
+            self.output_mode.as_ref().map(MediaType::as_str),
+        );
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{}{}{}{}|{:?}|{}|{}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{}{}{}{}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}",
             self.format,
             ids,
             pattern(&self.reasoner),
@@ -250,7 +349,45 @@ impl Query {
             self.health,
             self.limit,
             self.offset,
+            self.version.as_ref().map(|v| match v {
+                VersionFilter::Exact(v) => v.to_string(),
+                VersionFilter::Latest => "latest".to_owned(),
+            }),
+            self.lifecycle,
+            metadata,
+            modes,
         )
+    }
+
+    /// Whether a filter reads capability fields beyond the packed index (metadata, media types), so
+    /// that the card is parsed once per agent considered.
+    pub fn needs_card(&self) -> bool {
+        !self.metadata.is_empty() || self.input_mode.is_some() || self.output_mode.is_some()
+    }
+
+    /// The filters on the agent as a whole that the packed index cannot answer: lifecycle and version
+    /// (held parsed with the card); `latest`, the highest versions when the filter asks for them.
+    pub fn admits_agent(&self, entry: &Entry, latest: Option<&Latest>) -> bool {
+        if self.lifecycle.is_some_and(|wanted| entry.lifecycle() != wanted) {
+            return false;
+        }
+        match &self.version {
+            None => true,
+            Some(VersionFilter::Exact(wanted)) => entry.card.semver() == Some(wanted),
+            Some(VersionFilter::Latest) => latest.is_none_or(|l| l.admits(entry)),
+        }
+    }
+
+    /// The filters on one capability of `card` that read its fields: metadata and media types.
+    pub fn admits_fields(&self, card: &CardRef<'_>, cap: &CapRef<'_>) -> bool {
+        let serves = |wanted: &Option<MediaType>, offered: &[std::borrow::Cow<'_, str>]| {
+            wanted.as_ref().is_none_or(|w| offered.iter().any(|m| w.served_by(m)))
+        };
+        self.metadata
+            .iter()
+            .all(|(key, pattern)| cap.metadata_in(card, key).is_some_and(|v| pattern.matches(v)))
+            && serves(&self.input_mode, cap.input_modes_in(card))
+            && serves(&self.output_mode, cap.output_modes_in(card))
     }
 
     /// Whether one capability passes the filters other than health: the agent id allow-list, its
@@ -262,6 +399,11 @@ impl Query {
             && self.skill.is_none()
             && self.tags.is_empty()
             && self.health.is_none()
+            && self.version.is_none()
+            && self.lifecycle.is_none()
+            && self.metadata.is_empty()
+            && self.input_mode.is_none()
+            && self.output_mode.is_none()
     }
 
     pub fn admits(&self, agent_id: &str, reasoner: bool, cap: &CapIndex<'_>) -> bool {
@@ -271,10 +413,110 @@ impl Query {
             && self.tags_match(cap.tags.clone())
     }
 
+    /// Every filter but health on capability `position` (card order) of its kind in `entry`: what
+    /// [`admits`](Self::admits) checks, then lifecycle, version and metadata.
+    pub fn admits_capability(
+        &self,
+        entry: &Entry,
+        reasoner: bool,
+        position: usize,
+        latest: Option<&Latest>,
+    ) -> bool {
+        let card = &entry.card;
+        let mut caps = if reasoner { card.reasoners() } else { card.skills() };
+        let Some(cap) = caps.nth(position) else { return false };
+        if !self.admits(&entry.key.agent_id, reasoner, &cap) {
+            return false;
+        }
+        if !self.admits_agent(entry, latest) {
+            return false;
+        }
+        match self.needs_card().then(|| card.view()) {
+            Some(v) => {
+                let list = if reasoner { &v.reasoners } else { &v.skills };
+                list.get(position).is_some_and(|c| self.admits_fields(&v, c))
+            }
+            None => true,
+        }
+    }
+
     /// Does a capability survive the tag filter?
     fn tags_match<'t>(&self, mut tags: impl Iterator<Item = &'t str>) -> bool {
         self.tags.is_empty() || tags.any(|t| self.tags.iter().any(|p| p.matches(t)))
     }
+}
+
+/// The `metadata.KEY=VALUE` parameters: keys in the card's metadata key charset, at most
+/// `MAX_QUERY_METADATA` of them; an empty value or `*` filters nothing.
+fn metadata_filters(params: &[(String, String)]) -> Result<Vec<(String, Pattern)>, ParamError> {
+    let mut filters = Vec::new();
+    for (name, value) in params {
+        let Some(key) = name.strip_prefix(METADATA_PREFIX) else { continue };
+        let key_ok = !key.is_empty()
+            && key.len() <= MAX_TAG_LEN
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !key_ok {
+            return Err(ParamError {
+                parameter: "metadata",
+                provided: name.clone(),
+                allowed: METADATA_ALLOWED,
+            });
+        }
+        let pattern = Pattern::new(value);
+        if value.is_empty() || pattern.matches_all() {
+            continue;
+        }
+        if filters.len() >= MAX_QUERY_METADATA {
+            return Err(ParamError {
+                parameter: "metadata",
+                provided: format!("more than {MAX_QUERY_METADATA} metadata filters"),
+                allowed: &[],
+            });
+        }
+        filters.push((key.to_owned(), pattern));
+    }
+    filters.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(filters)
+}
+
+/// The highest semantic version of each group in a view, for `version=latest`.
+#[derive(Debug, Default)]
+pub struct Latest {
+    highest: HashMap<String, semver::Version>,
+}
+
+impl Latest {
+    /// Reads every record's group and version (held parsed with each card).
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Self {
+        let mut highest: HashMap<String, semver::Version> = HashMap::new();
+        for entry in entries {
+            let Some(version) = entry.card.semver() else { continue };
+            match highest.get_mut(group_of(entry)) {
+                Some(top) if *top >= *version => {}
+                Some(top) => *top = version.clone(),
+                None => {
+                    highest.insert(group_of(entry).to_owned(), version.clone());
+                }
+            }
+        }
+        Self { highest }
+    }
+
+    /// Whether `entry` has its group's highest version (every record does when none of its group has a
+    /// semantic version).
+    pub fn admits(&self, entry: &Entry) -> bool {
+        match self.highest.get(group_of(entry)) {
+            None => true,
+            Some(top) => entry.card.semver() == Some(top),
+        }
+    }
+}
+
+/// A record's group: its card's `group_id`, else its agent id. Records of one group are versions and
+/// replicas of one service: `latest` compares within it, so two versions can run side by side on one
+/// node under two agent ids and one group.
+fn group_of(entry: &Entry) -> &str {
+    entry.card.group().unwrap_or(&entry.key.agent_id)
 }
 
 /// The parameters of a raw (percent-encoded) query string, decoded: the first occurrence of each name.
@@ -358,24 +600,41 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         valid_until: None,
     };
     let page_end = query.offset.saturating_add(query.limit);
+    let latest = matches!(query.version, Some(VersionFilter::Latest))
+        .then(|| Latest::of(entries.iter().map(AsRef::as_ref)));
     let mut visit = |entry: &'a Entry| {
+        if !query.admits_agent(entry, latest.as_ref()) {
+            return;
+        }
         let card = &entry.card;
-        let reasoner_ok = |c: &CapIndex<'_>| {
-            query.reasoner.as_ref().is_none_or(|p| p.matches(c.id)) && query.tags_match(c.tags.clone())
+        let view = query.needs_card().then(|| card.view());
+        let fields_ok = |reasoner: bool, i: usize| match &view {
+            Some(v) => {
+                let list = if reasoner { &v.reasoners } else { &v.skills };
+                list.get(i).is_some_and(|c| query.admits_fields(v, c))
+            }
+            None => true,
         };
-        let skill_ok = |c: &CapIndex<'_>| {
-            query.skill.as_ref().is_none_or(|p| p.matches(c.id)) && query.tags_match(c.tags.clone())
+        let reasoner_ok = |i: usize, c: &CapIndex<'_>| {
+            query.reasoner.as_ref().is_none_or(|p| p.matches(c.id))
+                && query.tags_match(c.tags.clone())
+                && fields_ok(true, i)
         };
-        // Without id or tag patterns every capability counts: read the counts, skip the index.
-        let reasoners = if query.reasoner.is_none() && query.tags.is_empty() {
+        let skill_ok = |i: usize, c: &CapIndex<'_>| {
+            query.skill.as_ref().is_none_or(|p| p.matches(c.id))
+                && query.tags_match(c.tags.clone())
+                && fields_ok(false, i)
+        };
+        // Without id, tag or metadata patterns every capability counts: read the counts, skip the index.
+        let reasoners = if query.reasoner.is_none() && query.tags.is_empty() && !query.needs_card() {
             card.reasoner_count()
         } else {
-            card.reasoners().filter(|c| reasoner_ok(c)).count()
+            card.reasoners().enumerate().filter(|(i, c)| reasoner_ok(*i, c)).count()
         };
-        let skills = if query.skill.is_none() && query.tags.is_empty() {
+        let skills = if query.skill.is_none() && query.tags.is_empty() && !query.needs_card() {
             card.skill_count()
         } else {
-            card.skills().filter(|c| skill_ok(c)).count()
+            card.skills().enumerate().filter(|(i, c)| skill_ok(*i, c)).count()
         };
         if reasoners == 0 && skills == 0 {
             return;
@@ -393,8 +652,8 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         sel.total_reasoners += reasoners;
         sel.total_skills += skills;
         if index >= query.offset && index < page_end {
-            let positions = |list: crate::card::held::Caps<'_>, ok: &dyn Fn(&CapIndex<'_>) -> bool| {
-                list.enumerate().filter(|(_, c)| ok(c)).map(|(i, _)| i).collect()
+            let positions = |list: crate::card::held::Caps<'_>, ok: &dyn Fn(usize, &CapIndex<'_>) -> bool| {
+                list.enumerate().filter(|(i, c)| ok(*i, c)).map(|(i, _)| i).collect()
             };
             sel.page.push(Hit {
                 entry,

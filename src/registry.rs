@@ -215,11 +215,17 @@ impl Entry {
         thresholds.health(now, self.last_heartbeat(now), self.reported())
     }
 
-    /// Records a sign of life; true when that changed the entry's derived health at `now`.
+    /// Records a sign of life; true when that changed what discovery shows of the entry at `now`: its
+    /// derived health or its lifecycle (both are filters, so cached answers must go).
     fn beat_changes_health(&self, now: Millis, reported: Reported, thresholds: &Thresholds) -> bool {
-        let before = self.health(now, thresholds);
+        let before = (self.health(now, thresholds), self.lifecycle());
         self.live.beat(now, reported);
-        self.health(now, thresholds) != before
+        (self.health(now, thresholds), self.lifecycle()) != before
+    }
+
+    /// Whether the agent takes new work, as it last said.
+    pub fn lifecycle(&self) -> crate::card::reported::Lifecycle {
+        self.live.last_reported().lifecycle()
     }
 
     /// The signed card message of this record, exactly as its publisher made it (see `wire`).
@@ -469,6 +475,12 @@ impl Registry {
 
     pub fn local_peer_id(&self) -> PeerId {
         self.me
+    }
+
+    /// This node's detached JWS (EdDSA, `kid` its PeerId) over `payload`: what a document this node
+    /// vouches for (its AI Catalog) carries.
+    pub fn sign_detached(&self, payload: &[u8]) -> String {
+        crate::card::a2a::detached_jws(&self.signer, payload)
     }
 
     pub fn thresholds(&self) -> &Thresholds {

@@ -21,7 +21,7 @@ use context::{Budgets, Counter, Tier, Tiers};
 
 use index::{Doc, Index, FIELDS, FIELD_NAMES};
 
-use crate::query::Query;
+use crate::query::{Latest, Query, VersionFilter};
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::{Entry, Snapshot};
 
@@ -221,7 +221,9 @@ impl Engine {
         self.refresh(snapshot);
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let concepts = index.query(&req.q, req.related.then(thesaurus::Thesaurus::builtin));
-        let admit = |doc: &Doc| admits(doc, req, now, thresholds);
+        let latest = matches!(req.filters.version, Some(VersionFilter::Latest))
+            .then(|| Latest::of(snapshot.entries.iter().map(AsRef::as_ref)));
+        let admit = |doc: &Doc| admits(doc, req, now, thresholds, latest.as_ref());
         let mut scored = if req.lexical { index.score(&concepts, admit) } else { Vec::new() };
         let ready = self.semantic.as_ref().and_then(|s| s.ready(&req.q, index.generation()));
         if let Some(ready) = &ready {
@@ -371,17 +373,14 @@ fn best(
 }
 
 /// Whether a capability passes the request's kind and discovery filters.
-fn admits(doc: &Doc, req: &Request, now: Millis, thresholds: &Thresholds) -> bool {
+fn admits(doc: &Doc, req: &Request, now: Millis, thresholds: &Thresholds, latest: Option<&Latest>) -> bool {
     if !req.kind.admits(doc.reasoner) {
         return false;
     }
     if req.filters.admits_all() {
         return true;
     }
-    let card = &doc.entry.card;
-    let mut caps = if doc.reasoner { card.reasoners() } else { card.skills() };
-    let Some(cap) = caps.nth(doc.cap as usize) else { return false };
-    if !req.filters.admits(doc.agent_id(), doc.reasoner, &cap) {
+    if !req.filters.admits_capability(&doc.entry, doc.reasoner, doc.cap as usize, latest) {
         return false;
     }
     req.filters.health.is_none_or(|wanted| doc.entry.health(now, thresholds) == wanted)

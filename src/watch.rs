@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use crate::query::{select, Query};
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::{Entry, Registry};
 use crate::tasks::Ticks;
@@ -59,6 +60,30 @@ pub struct Event {
     /// The health before the change, when the record was known before.
     pub previous: Option<Health>,
     pub at: Millis,
+}
+
+impl Event {
+    /// The event as watch streams and webhooks carry it: `type`, `agent_id`, `publisher`, `seq`,
+    /// `health_status`, `at`, `previous_health_status` when it changed, and the card when it was added
+    /// or updated.
+    pub fn to_json(&self) -> serde_json::Value {
+        let e = &self.entry;
+        let mut data = serde_json::json!({
+            "type": self.kind.as_str(),
+            "agent_id": e.key.agent_id,
+            "publisher": e.publisher_name.as_ref(),
+            "seq": e.seq,
+            "health_status": self.health.as_str(),
+            "at": crate::clock::rfc3339(self.at),
+        });
+        if let Some(previous) = self.previous.filter(|_| self.kind != Kind::Added) {
+            data["previous_health_status"] = serde_json::json!(previous.as_str());
+        }
+        if matches!(self.kind, Kind::Added | Kind::Updated) {
+            data["card"] = serde_json::json!(e.card.raw());
+        }
+        data
+    }
 }
 
 /// What the watcher saw last: every record with its derived health, in snapshot order.
@@ -203,6 +228,36 @@ impl Watch {
             other => Start::View { view: inner.view.clone(), reset: other.is_some() },
         };
         Subscription { start, head, live }
+    }
+}
+
+/// The discovery filters, applied to one record at a time (watch streams, webhooks).
+#[derive(Debug, Clone)]
+pub struct Filter {
+    /// The query without its health filter and pagination.
+    structural: Query,
+    health: Option<Health>,
+    thresholds: Thresholds,
+}
+
+impl Filter {
+    pub fn new(mut query: Query, thresholds: Thresholds) -> Self {
+        let health = query.health.take();
+        query.limit = 1;
+        query.offset = 0;
+        Self { structural: query, health, thresholds }
+    }
+
+    /// Does the event's record pass the filters? The health filter passes a change into or out of that
+    /// health, so a client watching `active` agents sees one leave.
+    pub fn admits(&self, event: &Event) -> bool {
+        let health_ok = self.health.is_none_or(|h| h == event.health || event.previous == Some(h));
+        health_ok && self.structural_match(&event.entry)
+    }
+
+    fn structural_match(&self, entry: &Arc<Entry>) -> bool {
+        let now = crate::clock::now_millis();
+        select(std::slice::from_ref(entry), &self.structural, now, &self.thresholds).total_agents == 1
     }
 }
 

@@ -65,6 +65,16 @@ async fn every_node_serves_the_publishers_signed_card_with_cache_headers() {
     assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
     assert!(r.text().await.unwrap().is_empty());
 
+    // The path of A2A before 0.3 answers the same card, with the same headers.
+    let (status, legacy_headers, legacy) = a.get_raw("/.well-known/agent.json").await;
+    assert_eq!(status, 200, "{legacy}");
+    assert_eq!(legacy, body, "the same card at both well-known paths");
+    for header in ["content-type", "cache-control", "etag", "x-agentmesh-publisher"] {
+        assert_eq!(legacy_headers[header], headers[header], "{header}");
+    }
+    let r = a.http.get(a.url("/.well-known/agent.json")).header("if-none-match", &etag).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+
     // The other node serves the same bytes: the publisher's signature, carried through the mesh.
     let path = "/api/v1/agents/alpha-research/agent-card.json";
     let (_, a_headers, on_a) = a.get_raw(path).await;
@@ -124,6 +134,82 @@ async fn an_a2a_card_registers_and_is_found_and_the_well_known_agent_is_configur
 
     let (status, body) = node.post("/api/v1/agents", &json!({"name": "x", "skills": [{"id": 1}]})).await;
     assert_eq!(status, 400, "{body}");
+}
+
+/// A card shape of `tests/a2a-cards`: the card as registered, and the A2A fields it must be served with
+/// (`NAME.expected.json`, else the card itself without `signatures`).
+struct Fixture {
+    name: String,
+    input: Value,
+    expected: Value,
+}
+
+fn a2a_fixtures() -> Vec<Fixture> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a2a-cards");
+    let read = |path: &std::path::Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let mut paths: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for path in paths {
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".json").filter(|s| !s.ends_with(".expected")) else { continue };
+        let input = read(&path);
+        let expected_path = dir.join(format!("{name}.expected.json"));
+        let mut expected = if expected_path.exists() { read(&expected_path) } else { input.clone() };
+        expected.as_object_mut().unwrap().remove("signatures");
+        out.push(Fixture { name: name.to_owned(), input, expected });
+    }
+    out
+}
+
+/// A served card's A2A fields: without `signatures` and without agentmesh's own extension.
+fn a2a_fields(served: &Value) -> Value {
+    let mut card = served.clone();
+    let map = card.as_object_mut().unwrap();
+    map.remove("signatures");
+    let caps = map["capabilities"].as_object_mut().unwrap();
+    let list = caps["extensions"].as_array_mut().unwrap();
+    list.retain(|e| e["uri"] != a2a::EXTENSION_URI);
+    if list.is_empty() {
+        caps.remove("extensions");
+    }
+    card
+}
+
+/// Every A2A card shape of `tests/a2a-cards` (1.0 and 0.3, minimal to maximal: each type of security
+/// scheme, extensions with params, several interfaces, skills with their own modes and security)
+/// registered on one node is served by another, through the mesh, with every A2A field it was given,
+/// the same bytes on both, signed by the publisher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_a2a_field_survives_registration_gossip_and_serving() {
+    let fixtures = a2a_fixtures();
+    assert!(fixtures.len() >= 12, "{} card shapes", fixtures.len());
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = TestNode::start(mesh_config(da.path(), Vec::new())).await;
+    let b = TestNode::start(mesh_config(db.path(), vec![dial_addr(&a).await])).await;
+    let publisher = a.node.peer_id().to_base58();
+    let mut ids = Vec::new();
+    for f in &fixtures {
+        let (status, body) = a.post("/api/v1/agents", &f.input).await;
+        assert_eq!(status, 201, "{}: {body}", f.name);
+        ids.push(body["agent_id"].as_str().unwrap().to_owned());
+    }
+    for (f, id) in fixtures.iter().zip(&ids) {
+        let path = format!("/api/v1/agents/{id}/agent-card.json");
+        let on_b = b
+            .wait_for(&format!("{} on the second node", f.name), || async {
+                let (status, _, body) = b.get_raw(&path).await;
+                (status == 200).then_some(body)
+            })
+            .await;
+        let (_, _, on_a) = a.get_raw(&path).await;
+        assert_eq!(on_b, on_a, "{}: the same bytes on every node", f.name);
+        let served: Value = serde_json::from_str(&on_b).unwrap();
+        verify_served(&served, &publisher).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        assert_eq!(a2a_fields(&served), f.expected, "{}: served {served:#}", f.name);
+    }
 }
 
 async fn version(node: &TestNode) -> Option<String> {

@@ -1,6 +1,7 @@
 //! Bad environments, with the real binary: a truncated, corrupted or emptied store, a read-only data
-//! directory, a full disk. Each is a clear error at start, or a documented degraded mode (writes
-//! refused with 507 while reads go on); an acknowledged local agent is never lost silently.
+//! directory, a full disk, ports another node holds. Each is a clear error at start, or a documented
+//! degraded mode (writes refused with 507 while reads go on); an acknowledged local agent is never lost
+//! silently.
 //!
 //! The read-only and full-disk cases mount small tmpfs file systems, so they need root (as do the
 //! network-namespace tests).
@@ -10,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::daemon::Daemon;
+use common::daemon::{Daemon, BIN};
 use serde_json::json;
 
 const AGENTS: usize = 30;
@@ -84,6 +85,33 @@ async fn a_store_that_lost_acknowledged_agents_is_an_error_at_start_unless_accep
     // The untouched original still has everything.
     let daemon = Daemon::start_in(source.path(), &[]).unwrap();
     assert_eq!(daemon.get("/api/v1/agents?limit=0").await["total"], AGENTS);
+}
+
+/// A second node on ports a running node holds. libp2p marks its listening sockets `SO_REUSEPORT`, so
+/// without a check of its own the second node started and the kernel split incoming mesh connections
+/// between the two. Each port in use is one clear error at start, said once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_a_running_node_holds_are_an_error_at_start() {
+    let first = Daemon::start(&[]);
+    let mesh = first.status().await["listen_addrs"][0].as_str().unwrap().to_owned();
+    let other = tempfile::tempdir().unwrap();
+    let e =
+        Daemon::start_in(other.path(), &["--listen", &mesh]).err().expect("a mesh port in use is refused");
+    assert!(e.contains(&format!("cannot listen on {mesh}: Address already in use")), "{e}");
+    assert_eq!(e.matches("Address already in use").count(), 1, "said once: {e}");
+
+    // `Daemon::start_in` picks its own HTTP port, so the binary is run directly.
+    let http = first.http.trim_start_matches("http://");
+    let out = Command::new(BIN)
+        .args(["run", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0", "--http", http])
+        .arg("--data-dir")
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains(&format!("cannot listen for HTTP on {http}: Address already in use")), "{e}");
+    assert_eq!(e.matches("Address already in use").count(), 1, "said once: {e}");
 }
 
 /// A tmpfs mounted on a fresh directory, unmounted on drop.

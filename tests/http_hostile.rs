@@ -96,6 +96,40 @@ async fn oversized_and_unfinished_requests_get_their_status_and_change_nothing()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_writes_a_huge_body_whole_still_reads_its_413() {
+    let daemon = Daemon::start(&[]);
+    let addr = host(&daemon);
+    // 10 MB announced and written whole before reading, as a plain client does: the node answers 413
+    // after the first MAX_BODY_BYTES and keeps reading (and dropping) the rest for a bounded time, so
+    // the writes succeed and the answer is not lost to a reset.
+    let body = vec![b' '; 10 * 1024 * 1024];
+    for round in 0..3 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /api/v1/agents HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let written = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, async {
+            s.write_all(head.as_bytes()).await?;
+            s.write_all(&body).await
+        })
+        .await
+        .expect("the body is taken in time");
+        assert!(written.is_ok(), "round {round}: writing the body failed: {written:?}");
+        let mut answer = Vec::new();
+        tokio::time::timeout(HTTP_REQUEST_TIMEOUT, s.read_to_end(&mut answer))
+            .await
+            .expect("the answer in time")
+            .expect("the answer, not a reset");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 413 "), "round {round}: {text}");
+        assert!(text.contains("payload_too_large"), "{text}");
+    }
+    // The node goes on serving.
+    assert_eq!(daemon.get("/api/v1/health").await["status"], "healthy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_slow_connections_are_cut_off_while_others_are_served() {
     agentmesh::api::server::raise_fd_limit();
     let daemon = Daemon::start(&[]);

@@ -1,4 +1,5 @@
-//! A2A 1.0 agent cards: `GET /.well-known/agent-card.json` (this node's agent) and
+//! A2A 1.0 agent cards: `GET /.well-known/agent-card.json` (this node's agent; also at
+//! `/.well-known/agent.json`, the path of A2A before 0.3, for older clients) and
 //! `GET /api/v1/agents/{id}/agent-card.json` (any agent in the view), each with the publisher's own
 //! signature, an `ETag` and `Cache-Control: max-age`.
 
@@ -50,8 +51,7 @@ fn card_response(entry: &Arc<Entry>, headers: &HeaderMap) -> Result<Response, Ap
         ))
     })?;
     let body = serde_json::to_vec(&served).map_err(|e| ApiError::internal(&e))?;
-    let hash = sha2::Sha256::digest(&body);
-    let etag = format!("\"{}\"", hash[..16].iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let etag = etag(&body);
     let mut response = if none_match(headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -66,8 +66,14 @@ fn card_response(entry: &Arc<Entry>, headers: &HeaderMap) -> Result<Response, Ap
     Ok(response)
 }
 
+/// A strong entity tag for a body: the first 16 bytes of its SHA-256, in hex.
+pub(super) fn etag(body: &[u8]) -> String {
+    let hash = sha2::Sha256::digest(body);
+    format!("\"{}\"", hash[..16].iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 /// Does `If-None-Match` name this entity tag (weak comparison, RFC 9110 13.1.2)?
-fn none_match(headers: &HeaderMap, etag: &str) -> bool {
+pub(super) fn none_match(headers: &HeaderMap, etag: &str) -> bool {
     headers.get_all(header::IF_NONE_MATCH).iter().filter_map(|v| v.to_str().ok()).any(|list| {
         list.split(',').map(str::trim).any(|tag| tag == "*" || tag.trim_start_matches("W/") == etag)
     })

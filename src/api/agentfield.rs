@@ -42,6 +42,8 @@ struct Registration {
     #[serde(default)]
     category: Option<String>,
     #[serde(default)]
+    group_id: Option<String>,
+    #[serde(default)]
     metadata: Option<Value>,
 }
 
@@ -86,8 +88,26 @@ impl SdkCapability {
             requires: self.requires.unwrap_or_default(),
             required_secrets: self.required_secrets.unwrap_or_default(),
             has_side_effects: self.has_side_effects.unwrap_or(false),
+            confidence_hint: None,
+            metadata: Default::default(),
+            input_modes: Vec::new(),
+            output_modes: Vec::new(),
+            a2a: None,
         }
     }
+}
+
+/// The SDK's `metadata.custom` entries that fit a card's metadata: string values under keys the card
+/// allows, up to `MAX_METADATA` (the SDK puts whatever the agent's author gave there, and a registration
+/// must not fail over a value the discovery view cannot hold). `name`, `description`, `tags` and
+/// `category` have card fields of their own.
+fn custom_metadata(custom: Option<&Value>) -> crate::card::Metadata {
+    let Some(Value::Object(custom)) = custom else { return Default::default() };
+    let entries = custom
+        .iter()
+        .filter(|(key, _)| !matches!(key.as_str(), "name" | "description" | "tags" | "category"))
+        .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_owned())));
+    crate::card::keep_metadata(entries)
 }
 
 impl Registration {
@@ -112,6 +132,8 @@ impl Registration {
                 .unwrap_or_else(|| "long_running".to_owned()),
             tags,
             category: self.category.or_else(|| text("category")),
+            group_id: self.group_id.filter(|g| !g.is_empty()),
+            metadata: custom_metadata(custom),
             reasoners: self
                 .reasoners
                 .unwrap_or_default()
@@ -122,6 +144,7 @@ impl Registration {
             input_modes: vec!["application/json".to_owned()],
             output_modes: vec!["application/json".to_owned()],
             interfaces: Vec::new(),
+            a2a: None,
             a2a_signature: None,
             agent_id: self.id,
         };
@@ -132,6 +155,7 @@ impl Registration {
 pub async fn register(State(app): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let registration: Registration = parse_json(&body)?;
     let card = registration.into_card()?;
+    super::agents::check_duplicates(&app, &card)?;
     let agent_id = card.agent_id.clone();
     let applied = app.registry.register_local(card, Liveness::Agent, now_millis()).await?;
     Ok(registered(&app, &agent_id, applied))
@@ -162,7 +186,9 @@ impl StatusReport {
         match given {
             None => Ok(None),
             Some((key, value)) => Reported::parse(&value).map(Some).ok_or_else(|| ApiError::InvalidBody {
-                message: format!("unknown {key} `{value}` (expected starting, ready, degraded or offline)"),
+                message: format!(
+                    "unknown {key} `{value}` (expected starting, ready, busy, draining, degraded or offline)"
+                ),
                 field: Some(key.to_owned()),
             }),
         }

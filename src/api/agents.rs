@@ -28,6 +28,8 @@ pub struct RecordView<'a> {
     pub seq: u64,
     pub local: bool,
     pub health_status: &'static str,
+    /// `ready`, `busy` or `draining`, as the agent reports.
+    pub lifecycle: &'static str,
     pub last_heartbeat: Option<String>,
     pub updated_at: String,
     pub card: &'a serde_json::value::RawValue,
@@ -40,10 +42,33 @@ pub fn record_view<'a>(e: &'a Entry, app: &AppState, now: u64) -> RecordView<'a>
         seq: e.seq,
         local: e.is_local(),
         health_status: e.health(now, app.registry.thresholds()).as_str(),
+        lifecycle: e.lifecycle().as_str(),
         last_heartbeat: e.last_heartbeat(now).map(rfc3339),
         updated_at: rfc3339(e.updated_at),
         card: e.card.raw(),
     }
+}
+
+/// Under `duplicate_capabilities = "reject"`, refuses a card that offers a capability id (reasoner or
+/// skill) another agent id of the view already offers. The check reads the view as it is: two
+/// registrations racing on two nodes can both pass, and then `resolve` routes between them.
+pub fn check_duplicates(app: &AppState, card: &AgentCard) -> Result<(), ApiError> {
+    if app.duplicates == crate::config::DuplicatePolicy::Route {
+        return Ok(());
+    }
+    let offered: std::collections::HashSet<&str> =
+        card.reasoners.iter().chain(&card.skills).map(|c| c.id.as_str()).collect();
+    let snapshot = app.registry.snapshot();
+    for entry in snapshot.entries.iter().filter(|e| e.key.agent_id != card.agent_id) {
+        let held = &entry.card;
+        if let Some(cap) = held.reasoners().chain(held.skills()).find(|c| offered.contains(c.id)) {
+            return Err(ApiError::DuplicateCapability {
+                capability: cap.id.to_owned(),
+                agent_id: entry.key.agent_id.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Registration answer shared by the native and AgentField routes: 201 when new, 200 when updated.
@@ -71,32 +96,112 @@ pub fn registered(app: &AppState, agent_id: &str, applied: Applied) -> Response 
 
 pub async fn register(State(app): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let card = AgentCard::from_json_any(&body)?;
+    check_duplicates(&app, &card)?;
     let agent_id = card.agent_id.clone();
     let applied = app.registry.register_local(card, Liveness::Node, now_millis()).await?;
     Ok(registered(&app, &agent_id, applied))
 }
 
+/// `GET /api/v1/agents`: every record, by agent id (`limit`, `offset`); or, for aggregators that poll,
+/// the records this node accepted since a time (`updated_since`) or since the last page (`cursor`), in
+/// the order it accepted them, with a `next_cursor` to continue from.
 pub async fn list(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
     let mut limit = LIST_LIMIT;
     let mut offset = 0;
+    let mut after: Option<Position> = None;
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "limit" => limit = crate::query::parse_int("limit", &v, MAX_LIST_LIMIT, &["0-1000"])?,
             "offset" => offset = crate::query::parse_int("offset", &v, usize::MAX, &["0-"])?,
+            "updated_since" if after.is_none() => after = Some(Position::since(&v)?),
+            "cursor" => after = Some(Position::cursor(&v)?),
             _ => {}
         }
     }
     let now = now_millis();
     let snapshot = app.registry.snapshot();
-    let agents: Vec<_> =
-        snapshot.entries.iter().skip(offset).take(limit).map(|e| record_view(e, &app, now)).collect();
+    let Some(after) = after else {
+        let agents: Vec<_> =
+            snapshot.entries.iter().skip(offset).take(limit).map(|e| record_view(e, &app, now)).collect();
+        let body = json!({
+            "agents": agents,
+            "total": snapshot.entries.len(),
+            "limit": limit,
+            "offset": offset,
+        });
+        return Ok(Json(body).into_response());
+    };
+    let mut changed: Vec<&Arc<Entry>> = snapshot.entries.iter().filter(|e| after.before(e)).collect();
+    changed.sort_unstable_by(|a, b| Position::of(a).cmp(&Position::of(b)));
+    let total = changed.len();
+    let page: Vec<&Arc<Entry>> = changed.into_iter().take(limit).collect();
+    let next_cursor = page.last().map(|e| Position::of(e).to_cursor());
+    let agents: Vec<_> = page.iter().map(|e| record_view(e, &app, now)).collect();
     let body = json!({
         "agents": agents,
-        "total": snapshot.entries.len(),
+        "total": total,
         "limit": limit,
-        "offset": offset,
+        "has_more": total > agents.len(),
+        // Where the next poll starts: after the last record returned, or where this one started.
+        "next_cursor": next_cursor.unwrap_or_else(|| after.to_cursor()),
     });
     Ok(Json(body).into_response())
+}
+
+/// A place in the order records were accepted in: (accepted at, publisher, agent id).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Position {
+    at: u64,
+    publisher: String,
+    agent_id: String,
+}
+
+const SINCE_ALLOWED: &[&str] = &["an RFC 3339 time", "milliseconds since the epoch"];
+const CURSOR_ALLOWED: &[&str] = &["a next_cursor from an earlier answer"];
+
+/// Separates a cursor's parts: not in RFC 3339 times, base58 PeerIds or agent ids.
+const CURSOR_SEP: char = '~';
+
+impl Position {
+    fn of(e: &Entry) -> Self {
+        Self { at: e.updated_at, publisher: e.publisher_name.to_string(), agent_id: e.key.agent_id.clone() }
+    }
+
+    /// Just before everything accepted after `since`: an RFC 3339 time, or milliseconds since the epoch.
+    fn since(v: &str) -> Result<Self, ApiError> {
+        let at = match v.parse::<u64>() {
+            Ok(ms) => ms,
+            Err(_) => humantime::parse_rfc3339_weak(v)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64)
+                .ok_or_else(|| bad_param("updated_since", v, SINCE_ALLOWED))?,
+        };
+        // Everything accepted after `at` ms: past the last position at that millisecond.
+        Ok(Self { at, publisher: char::MAX.to_string(), agent_id: String::new() })
+    }
+
+    fn cursor(v: &str) -> Result<Self, ApiError> {
+        let mut parts = v.splitn(3, CURSOR_SEP);
+        let (Some(at), Some(publisher), Some(agent_id)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad_param("cursor", v, CURSOR_ALLOWED));
+        };
+        let at = at.parse().map_err(|_| bad_param("cursor", v, CURSOR_ALLOWED))?;
+        Ok(Self { at, publisher: publisher.to_owned(), agent_id: agent_id.to_owned() })
+    }
+
+    fn to_cursor(&self) -> String {
+        format!("{}{CURSOR_SEP}{}{CURSOR_SEP}{}", self.at, self.publisher, self.agent_id)
+    }
+
+    /// Whether `e` comes after this position.
+    fn before(&self, e: &Entry) -> bool {
+        Position::of(e) > *self
+    }
+}
+
+fn bad_param(parameter: &'static str, provided: &str, allowed: &'static [&'static str]) -> ApiError {
+    ApiError::from(crate::query::ParamError { parameter, provided: provided.to_owned(), allowed })
 }
 
 pub async fn get(

@@ -56,6 +56,11 @@ pub struct ResponseCache {
 }
 
 impl ResponseCache {
+    /// Bytes of rendered answers held.
+    pub fn bytes(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+
     fn get(&self, key: &str, tag: (u64, u64), now: Millis) -> Option<Cached> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.tag != tag {

@@ -21,6 +21,9 @@ pub enum ApiError {
     UriTooLong { limit: usize },
     #[error("{0} not found")]
     NotFound(String),
+    /// Nothing in the view qualifies for a selection (`/resolve`).
+    #[error("{0}")]
+    NoMatch(String),
     #[error("{0}")]
     Forbidden(String),
     #[error("writes need a loopback client or a valid API key")]
@@ -33,6 +36,10 @@ pub enum ApiError {
     /// A registration past a configured limit (`max_agents_per_publisher`): nothing was registered.
     #[error("{message}")]
     LimitReached { message: String, setting: &'static str, limit: usize },
+    /// Another agent already offers a capability of this registration, and the node rejects
+    /// duplicates (`duplicate_capabilities = "reject"`): nothing was registered.
+    #[error("capability `{capability}` is already offered by agent `{agent_id}`")]
+    DuplicateCapability { capability: String, agent_id: String },
     /// The data directory cannot be written (full disk, read-only): nothing was registered.
     #[error("the node cannot store this change: {0}")]
     Storage(String),
@@ -107,6 +114,7 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => {
                 (StatusCode::NOT_FOUND, json!({"error": "not_found", "message": message}))
             }
+            ApiError::NoMatch(_) => (StatusCode::NOT_FOUND, json!({"error": "no_match", "message": message})),
             ApiError::Forbidden(_) => {
                 (StatusCode::FORBIDDEN, json!({"error": "forbidden", "message": message}))
             }
@@ -120,6 +128,12 @@ impl IntoResponse for ApiError {
                 StatusCode::CONFLICT,
                 json!({"error": "limit_reached", "message": message,
                        "details": {"setting": setting, "limit": limit}}),
+            ),
+            ApiError::DuplicateCapability { capability, agent_id } => (
+                StatusCode::CONFLICT,
+                json!({"error": "duplicate_capability", "message": message,
+                       "details": {"capability": capability, "agent_id": agent_id,
+                                   "setting": "duplicate_capabilities"}}),
             ),
             ApiError::Storage(_) => (
                 StatusCode::INSUFFICIENT_STORAGE,

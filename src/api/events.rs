@@ -7,7 +7,6 @@
 //! than `WATCH_CHANNEL` events behind is closed: its client reconnects and resumes.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{RawQuery, State};
@@ -15,17 +14,13 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt as _};
-use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::error::ApiError;
 use super::AppState;
 use crate::clock::now_millis;
-use crate::clock::rfc3339;
-use crate::query::{select, Query};
-use crate::registry::health::{Health, Thresholds};
-use crate::registry::Entry;
-use crate::watch::{Event, Kind, Start};
+use crate::query::Query;
+use crate::watch::{Event, Filter, Kind, Start};
 
 /// Comment lines sent on a quiet stream, so proxies and clients see it alive.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -82,53 +77,9 @@ fn sse(stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
 
-/// The discovery filters, applied to one record at a time.
-struct Filter {
-    /// The query without its health filter and pagination.
-    structural: Query,
-    health: Option<Health>,
-    thresholds: Thresholds,
-}
-
-impl Filter {
-    fn new(mut query: Query, thresholds: Thresholds) -> Self {
-        let health = query.health.take();
-        query.limit = 1;
-        query.offset = 0;
-        Self { structural: query, health, thresholds }
-    }
-
-    /// Does the event's record pass the filters? The health filter passes a change into or out of that
-    /// health, so a client watching `active` agents sees one leave.
-    fn admits(&self, event: &Event) -> bool {
-        let health_ok = self.health.is_none_or(|h| h == event.health || event.previous == Some(h));
-        health_ok && self.structural_match(&event.entry)
-    }
-
-    fn structural_match(&self, entry: &Arc<Entry>) -> bool {
-        select(std::slice::from_ref(entry), &self.structural, now_millis(), &self.thresholds).total_agents
-            == 1
-    }
-}
-
 /// One event as SSE: `event:` its kind, `data:` JSON, `id:` when it can be resumed from.
 fn frame(event: &Event, with_id: bool) -> SseEvent {
-    let e = &event.entry;
-    let mut data = json!({
-        "type": event.kind.as_str(),
-        "agent_id": e.key.agent_id,
-        "publisher": e.publisher_name.as_ref(),
-        "seq": e.seq,
-        "health_status": event.health.as_str(),
-        "at": rfc3339(event.at),
-    });
-    if let Some(previous) = event.previous.filter(|_| event.kind != Kind::Added) {
-        data["previous_health_status"] = json!(previous.as_str());
-    }
-    if matches!(event.kind, Kind::Added | Kind::Updated) {
-        data["card"] = json!(e.card.raw());
-    }
-    let frame = SseEvent::default().event(event.kind.as_str()).data(data.to_string());
+    let frame = SseEvent::default().event(event.kind.as_str()).data(event.to_json().to_string());
     if with_id {
         frame.id(event.id.to_string())
     } else {

@@ -20,8 +20,21 @@ use crate::search::context::{self, Budgets, Counter};
 use crate::search::{Answer, Kind, Request, DEFAULT_LIMIT, MAX_QUERY_CHARS, MAX_RESULTS};
 
 /// The discovery filters a search accepts, passed to the discovery query parser as they came.
-const FILTERS: &[&str] =
-    &["agent", "agent_ids", "node_id", "node_ids", "reasoner", "skill", "tags", "health_status"];
+/// Besides these, every `metadata.KEY` parameter.
+const FILTERS: &[&str] = &[
+    "agent",
+    "agent_ids",
+    "node_id",
+    "node_ids",
+    "reasoner",
+    "skill",
+    "tags",
+    "health_status",
+    "version",
+    "lifecycle",
+    "input_mode",
+    "output_mode",
+];
 const KIND_ALLOWED: &[&str] = &["reasoner", "skill", "any"];
 const LIMIT_ALLOWED: &[&str] = &["1-50"];
 const RELEVANCE_ALLOWED: &[&str] = &["0.0-1.0"];
@@ -40,6 +53,10 @@ Returns the best matches, each with a relevance from 0 to 1, a one-line summary 
 /// The query parameters, first occurrence wins.
 struct Params(Vec<(String, String)>);
 
+fn is_filter(name: &str) -> bool {
+    FILTERS.contains(&name) || name.starts_with(crate::query::METADATA_PREFIX)
+}
+
 impl Params {
     fn parse(raw: &str) -> Self {
         Self(first_params(raw))
@@ -51,8 +68,7 @@ impl Params {
 
     /// The discovery filters among the parameters, parsed as discovery parses them.
     fn filters(&self) -> Result<Query, ParamError> {
-        let filters: Vec<(String, String)> =
-            self.0.iter().filter(|(k, _)| FILTERS.contains(&k.as_str())).cloned().collect();
+        let filters: Vec<(String, String)> = self.0.iter().filter(|(k, _)| is_filter(k)).cloned().collect();
         Query::from_params(&filters)
     }
 
@@ -134,7 +150,8 @@ pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Res
             let cap = list.get(f.cap);
             json!({
                 "rank": i + 1,
-                "relevance": f.relevance,
+                // Rounded in f64: an f32 widened as it is would print as 0.5509999990463257.
+                "relevance": (f64::from(f.relevance) * 1000.0).round() / 1000.0,
                 "agent_id": f.entry.key.agent_id,
                 "kind": f.kind(),
                 "id": f.id,

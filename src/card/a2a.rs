@@ -7,9 +7,20 @@
 //! publisher's own signature, and checks it before it stores the card.
 //!
 //! What the A2A SDK signs and verifies is the card as its protobuf model sees it, with empty values
-//! (`""`, `[]`, `{}`, `null`) removed at every depth. The view is built in that form ([`clean`]), so the
-//! bytes we sign are the bytes a verifier canonicalises. Numbers are canonicalised as doubles, as both
-//! RFC 8785 and the SDK's `Struct` do.
+//! (`""`, `[]`, `{}`, `null`) removed at every depth. The parts of the view derived from agentmesh's
+//! own fields are built in that form; the A2A fields a card holds as given ([`AgentCard::a2a`], checked
+//! against the A2A model by [`schema`]) may keep empty values (a security requirement with no scopes),
+//! so what is signed is the view [`clean`]ed: the bytes a verifier canonicalises. Numbers are
+//! canonicalised as doubles, as both RFC 8785 and the SDK's `Struct` do.
+//!
+//! Layout: [`schema`] (the A2A 1.0 card's shape, and the walk that reads JSON against it), [`legacy`]
+//! (A2A 0.3 cards read as 1.0), [`input`] (an A2A card as an agentmesh card, [`from_a2a`]).
+
+pub mod input;
+pub mod legacy;
+pub mod schema;
+
+use std::borrow::Cow;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -17,8 +28,9 @@ use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{to_raw, AgentCard, Capability, CardError, Interface};
-use crate::defaults::MAX_ID_LEN;
+pub use input::from_a2a;
+
+use super::{AgentCard, Capability, CardError};
 
 /// The extension that carries what A2A has no field for: the agent id, which A2A skills are reasoners,
 /// input and output JSON schemas, card tags.
@@ -88,12 +100,37 @@ impl JwsSignature {
     }
 }
 
-/// The A2A card of `card`, without `signatures`, in the form that is signed. `None` when the card has
-/// no reasoner or skill: an A2A card needs at least one skill.
+/// The A2A card of `card`, without `signatures`: what is served (the signature covers it [`clean`]ed).
+/// `None` when the card has no reasoner or skill: an A2A card needs at least one skill.
 pub fn view(card: &AgentCard) -> Option<Value> {
     if !card.has_a2a_view() {
         return None;
     }
+    let (skills, details) = skills(card);
+    let mut extras = held_fields(card.a2a.as_deref());
+    let capabilities = capabilities(card, extras.remove("capabilities"), details);
+    let description = if card.description.is_empty() { card.display_name() } else { &card.description };
+    let mut view = Map::new();
+    view.insert("name".into(), json!(card.display_name()));
+    view.insert("description".into(), json!(description));
+    view.insert("version".into(), json!(if card.version.is_empty() { "0.0.0" } else { &card.version }));
+    move_fields(&mut extras, &mut view, &["provider", "documentationUrl", "iconUrl"]);
+    view.insert("supportedInterfaces".into(), Value::Array(interfaces(card)));
+    view.insert("capabilities".into(), capabilities);
+    move_fields(&mut extras, &mut view, &["securitySchemes", "securityRequirements"]);
+    for (key, modes) in [("defaultInputModes", &card.input_modes), ("defaultOutputModes", &card.output_modes)]
+    {
+        if let Some(modes) = clean(json!(modes)) {
+            view.insert(key.into(), modes);
+        }
+    }
+    view.insert("skills".into(), Value::Array(skills));
+    Some(Value::Object(view))
+}
+
+/// The A2A skills of a card, reasoners first, and what the agentmesh extension says of each (by A2A
+/// skill id).
+fn skills(card: &AgentCard) -> (Vec<Value>, Map<String, Value>) {
     let mut skills = Vec::new();
     let mut details = Map::new();
     for (kind, list) in [("reasoner", &card.reasoners), ("skill", &card.skills)] {
@@ -106,40 +143,65 @@ pub fn view(card: &AgentCard) -> Option<Value> {
                 "input_schema": cap.input_schema, "output_schema": cap.output_schema,
                 "category": cap.category, "requires": cap.requires,
                 "required_secrets": cap.required_secrets,
-                "has_side_effects": cap.has_side_effects.then_some(true)}),
+                "has_side_effects": cap.has_side_effects.then_some(true),
+                "confidence_hint": cap.confidence_hint, "metadata": cap.metadata}),
             );
         }
     }
-    let interfaces: Vec<Value> = if card.interfaces.is_empty() {
-        vec![json!({"url": card.base_url, "protocolBinding": DEFAULT_BINDING,
-            "protocolVersion": PROTOCOL_VERSION})]
-    } else {
-        card.interfaces
-            .iter()
-            .map(|i| {
-                json!({"url": i.url, "protocolBinding": i.protocol_binding,
-                "protocolVersion": i.protocol_version})
-            })
-            .collect()
+    (skills, details)
+}
+
+fn interfaces(card: &AgentCard) -> Vec<Value> {
+    if card.interfaces.is_empty() {
+        return vec![json!({"url": card.base_url, "protocolBinding": DEFAULT_BINDING,
+            "protocolVersion": PROTOCOL_VERSION})];
+    }
+    card.interfaces
+        .iter()
+        .filter_map(|i| {
+            clean(json!({"url": i.url, "protocolBinding": i.protocol_binding,
+            "protocolVersion": i.protocol_version, "tenant": i.tenant}))
+        })
+        .collect()
+}
+
+/// The card's held `capabilities` (flags, other extensions), with the agentmesh extension last.
+fn capabilities(card: &AgentCard, held: Option<Value>, details: Map<String, Value>) -> Value {
+    let own = clean(json!({
+        "uri": EXTENSION_URI,
+        "description": "agentmesh: agent id, reasoners, input and output JSON schemas",
+        "params": {"agent_id": card.agent_id, "base_url": card.base_url,
+            "deployment_type": card.deployment_type, "tags": card.tags,
+            "category": card.category, "group_id": card.group_id, "metadata": card.metadata,
+            "skills": details},
+    }));
+    let mut capabilities = match held {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
     };
-    let description = if card.description.is_empty() { card.display_name() } else { &card.description };
-    let view = json!({
-        "name": card.display_name(),
-        "description": description,
-        "version": if card.version.is_empty() { "0.0.0" } else { &card.version },
-        "supportedInterfaces": interfaces,
-        "capabilities": {"extensions": [{
-            "uri": EXTENSION_URI,
-            "description": "agentmesh: agent id, reasoners, input and output JSON schemas",
-            "params": {"agent_id": card.agent_id, "base_url": card.base_url,
-                "deployment_type": card.deployment_type, "tags": card.tags,
-                "category": card.category, "skills": details},
-        }]},
-        "defaultInputModes": card.input_modes,
-        "defaultOutputModes": card.output_modes,
-        "skills": skills,
-    });
-    clean(view)
+    let mut extensions = match capabilities.remove("extensions") {
+        Some(Value::Array(list)) => list,
+        _ => Vec::new(),
+    };
+    extensions.extend(own);
+    capabilities.insert("extensions".into(), Value::Array(extensions));
+    Value::Object(capabilities)
+}
+
+/// The A2A fields a card or capability holds (`a2a`, checked when the card was): an object, or none.
+fn held_fields(raw: Option<&serde_json::value::RawValue>) -> Map<String, Value> {
+    match raw.map(|r| serde_json::from_str(r.get())) {
+        Some(Ok(Value::Object(map))) => map,
+        _ => Map::new(),
+    }
+}
+
+fn move_fields(from: &mut Map<String, Value>, to: &mut Map<String, Value>, keys: &[&str]) {
+    for key in keys {
+        if let Some(value) = from.remove(*key) {
+            to.insert((*key).to_owned(), value);
+        }
+    }
 }
 
 /// A2A skill ids are unique within a card; a skill that shares its id with a reasoner is `skill:<id>`
@@ -165,7 +227,14 @@ fn skill(kind: &str, id: &str, cap: &Capability) -> Value {
             _ => e.get().to_owned(),
         })
         .collect();
-    json!({"id": id, "name": name, "description": description, "tags": tags, "examples": examples})
+    let derived = json!({"id": id, "name": name, "description": description, "tags": tags,
+        "examples": examples, "inputModes": cap.input_modes, "outputModes": cap.output_modes});
+    let mut skill = match clean(derived) {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    skill.extend(held_fields(cap.a2a.as_deref()));
+    Value::Object(skill)
 }
 
 /// Removes empty strings, arrays, objects and nulls at every depth, as the A2A SDK does before it
@@ -193,14 +262,47 @@ pub fn canonical(value: &Value) -> Vec<u8> {
     serde_json_canonicalizer::to_vec(value).unwrap_or_default()
 }
 
+/// What is signed of a view: the view [`clean`]ed, as A2A verifiers compute it.
+fn payload(view: &Value) -> Cow<'_, Value> {
+    if is_clean(view) {
+        Cow::Borrowed(view)
+    } else {
+        Cow::Owned(clean(view.clone()).unwrap_or(Value::Null))
+    }
+}
+
+fn is_clean(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(items) => !items.is_empty() && items.iter().all(is_clean),
+        Value::Object(map) => !map.is_empty() && map.values().all(is_clean),
+        _ => true,
+    }
+}
+
 fn signing_input(protected: &str, view: &Value) -> String {
-    format!("{protected}.{}", URL_SAFE_NO_PAD.encode(canonical(view)))
+    format!("{protected}.{}", URL_SAFE_NO_PAD.encode(canonical(&payload(view))))
+}
+
+/// The protected header of every JWS this node makes: EdDSA, `kid` its PeerId.
+fn protected_header(key: &Keypair) -> String {
+    let header = json!({"alg": JWS_ALG, "typ": "JOSE", "kid": key.public().to_peer_id().to_base58()});
+    URL_SAFE_NO_PAD.encode(canonical(&header))
+}
+
+/// A detached JWS in compact form (`protected..signature`, RFC 7515 appendix F) over `payload` as
+/// `key`'s node: what this node's AI Catalog and webhook deliveries carry.
+pub fn detached_jws(key: &Keypair, payload: &[u8]) -> String {
+    let protected = protected_header(key);
+    let input = format!("{protected}.{}", URL_SAFE_NO_PAD.encode(payload));
+    let signature = key.sign(input.as_bytes()).unwrap_or_default();
+    format!("{protected}..{}", URL_SAFE_NO_PAD.encode(signature))
 }
 
 /// Signs an A2A view as `key`'s node.
 pub fn sign(key: &Keypair, view: &Value) -> JwsSignature {
-    let header = json!({"alg": JWS_ALG, "typ": "JOSE", "kid": key.public().to_peer_id().to_base58()});
-    let protected = URL_SAFE_NO_PAD.encode(canonical(&header));
+    let protected = protected_header(key);
     let signature = key.sign(signing_input(&protected, view).as_bytes()).unwrap_or_default();
     JwsSignature { protected, signature: URL_SAFE_NO_PAD.encode(signature) }
 }
@@ -237,12 +339,15 @@ pub fn claim(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<Cla
     Ok(Claim { input: signing_input(&sig.protected, view).into_bytes(), signature })
 }
 
-/// What the `signatures` of an A2A card as received cover: the card without them, with empty values
-/// removed, as A2A verifiers compute it. Verify over this, never over a card rebuilt from a model.
+/// What the `signatures` of an A2A card as received cover: the card without them as the A2A model
+/// reads it (fields A2A does not define dropped, `false` flags without presence left out), with empty
+/// values removed, as A2A verifiers compute it. Verify over this, never over a card rebuilt from a
+/// model. `None` when the card does not read as an A2A card.
 pub fn signed_payload(card: &Value) -> Option<Value> {
-    let mut unsigned = card.clone();
-    unsigned.as_object_mut()?.remove("signatures");
-    clean(unsigned)
+    let mut unsigned = card.as_object()?.clone();
+    unsigned.remove("signatures");
+    let read = schema::normalize(Value::Object(unsigned), &schema::CARD, "", schema::Unknown::Drop).ok()?;
+    clean(Value::Object(read))
 }
 
 /// The A2A card as served: the view plus its `signatures`.
@@ -258,209 +363,6 @@ pub fn served(card: &AgentCard) -> Option<Value> {
 /// `agent_id`; A2A cards never do.
 pub fn looks_like_a2a(value: &Value) -> bool {
     value.as_object().is_some_and(|m| !m.contains_key("agent_id") && m.contains_key("name"))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct InCard {
-    name: String,
-    #[serde(default)]
-    description: String,
-    #[serde(default)]
-    version: String,
-    #[serde(default)]
-    supported_interfaces: Vec<InInterface>,
-    /// A2A 0.3's single URL, still sent by older agents.
-    #[serde(default)]
-    url: Option<String>,
-    #[serde(default)]
-    capabilities: InCapabilities,
-    #[serde(default)]
-    default_input_modes: Vec<String>,
-    #[serde(default)]
-    default_output_modes: Vec<String>,
-    #[serde(default)]
-    skills: Vec<InSkill>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct InInterface {
-    url: String,
-    #[serde(default)]
-    protocol_binding: String,
-    #[serde(default)]
-    protocol_version: String,
-}
-
-#[derive(Default, Deserialize)]
-struct InCapabilities {
-    #[serde(default)]
-    extensions: Vec<InExtension>,
-}
-
-#[derive(Deserialize)]
-struct InExtension {
-    #[serde(default)]
-    uri: String,
-    #[serde(default)]
-    params: Value,
-}
-
-#[derive(Deserialize)]
-struct InSkill {
-    id: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    description: String,
-    #[serde(default)]
-    tags: Vec<String>,
-    #[serde(default)]
-    examples: Vec<String>,
-}
-
-/// Reads an A2A card (1.0, or 0.3's `url`) as an agentmesh card. The agentmesh extension, when present
-/// (a card this daemon served), restores the agent id, reasoners and schemas exactly; otherwise the
-/// agent id comes from the name and every A2A skill is a skill. Signatures on the input are not kept:
-/// the node signs what it publishes.
-pub fn from_a2a(value: Value) -> Result<AgentCard, CardError> {
-    let input: InCard = serde_path_to_error::deserialize(value).map_err(|e| CardError::Malformed {
-        field: match e.path().to_string() {
-            p if p == "." => "card".to_owned(),
-            p => p,
-        },
-        reason: e.inner().to_string(),
-    })?;
-    let ext = input
-        .capabilities
-        .extensions
-        .into_iter()
-        .find(|e| e.uri == EXTENSION_URI)
-        .map(|e| e.params)
-        .unwrap_or(Value::Null);
-    let text = |key: &str| ext.get(key).and_then(Value::as_str).map(str::to_owned);
-    let details = ext.get("skills").and_then(Value::as_object);
-    let interfaces: Vec<Interface> = input
-        .supported_interfaces
-        .into_iter()
-        .map(|i| Interface {
-            url: i.url,
-            protocol_binding: i.protocol_binding,
-            protocol_version: i.protocol_version,
-        })
-        .collect();
-    let base_url =
-        text("base_url").or_else(|| interfaces.first().map(|i| i.url.clone())).or(input.url).ok_or_else(
-            || CardError::invalid("supportedInterfaces", "needs at least one interface with a url"),
-        )?;
-    let agent_id = match text("agent_id") {
-        Some(id) => id,
-        None => id_from_name(&input.name)?,
-    };
-    let derived_interface = interfaces.len() == 1
-        && interfaces[0].url == base_url
-        && interfaces[0].protocol_binding == DEFAULT_BINDING
-        && interfaces[0].protocol_version == PROTOCOL_VERSION;
-    let mut card = AgentCard {
-        name: input.name,
-        description: input.description,
-        version: if input.version.is_empty() { "0.0.0".into() } else { input.version },
-        deployment_type: text("deployment_type").unwrap_or_else(|| "long_running".into()),
-        tags: string_list(ext.get("tags")),
-        category: text("category"),
-        input_modes: non_empty_or_json(input.default_input_modes),
-        output_modes: non_empty_or_json(input.default_output_modes),
-        interfaces: if derived_interface { Vec::new() } else { interfaces },
-        reasoners: Vec::new(),
-        skills: Vec::new(),
-        a2a_signature: None,
-        agent_id,
-        base_url,
-    };
-    for skill in input.skills {
-        let detail = details.and_then(|d| d.get(&skill.id));
-        let (kind, cap) = capability(skill, detail);
-        if kind == "reasoner" {
-            card.reasoners.push(cap);
-        } else {
-            card.skills.push(cap);
-        }
-    }
-    if card.description == card.name {
-        card.description.clear();
-    }
-    card.normalized()
-}
-
-fn capability(skill: InSkill, detail: Option<&Value>) -> (&'static str, Capability) {
-    let field = |key: &str| detail.and_then(|d| d.get(key));
-    let kind = if field("kind").and_then(Value::as_str) == Some("reasoner") { "reasoner" } else { "skill" };
-    let id = field("id").and_then(Value::as_str).map_or(skill.id, str::to_owned);
-    // With the extension, tags are the card's own (an untagged capability got its kind as its A2A tag).
-    let tags = if detail.is_some() { string_list(field("tags")) } else { skill.tags };
-    let name = (!skill.name.is_empty() && skill.name != id).then_some(skill.name);
-    let shown_name = name.as_deref().unwrap_or(&id);
-    let description =
-        (!skill.description.is_empty() && skill.description != shown_name).then_some(skill.description);
-    let examples = skill
-        .examples
-        .into_iter()
-        .map(|e| match serde_json::from_str::<Value>(&e) {
-            Ok(v @ (Value::Object(_) | Value::Array(_))) => to_raw(&v),
-            _ => to_raw(&Value::String(e)),
-        })
-        .collect();
-    let schema = |key: &str| field(key).filter(|v| v.is_object()).map(to_raw);
-    let cap = Capability {
-        category: field("category").and_then(Value::as_str).map(str::to_owned),
-        requires: string_list(field("requires")),
-        required_secrets: string_list(field("required_secrets")),
-        has_side_effects: field("has_side_effects").and_then(Value::as_bool).unwrap_or(false),
-        input_schema: schema("input_schema"),
-        output_schema: schema("output_schema"),
-        id,
-        name,
-        description,
-        tags,
-        examples,
-    };
-    (kind, cap)
-}
-
-fn string_list(value: Option<&Value>) -> Vec<String> {
-    value
-        .and_then(Value::as_array)
-        .map(|items| items.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-        .unwrap_or_default()
-}
-
-fn non_empty_or_json(modes: Vec<String>) -> Vec<String> {
-    if modes.is_empty() {
-        vec!["application/json".to_owned()]
-    } else {
-        modes
-    }
-}
-
-/// An agent id from an A2A name: lower case, runs of other characters as one `-`.
-fn id_from_name(name: &str) -> Result<String, CardError> {
-    let mut id = String::new();
-    for c in name.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
-            id.push(c.to_ascii_lowercase());
-        } else if !id.ends_with('-') {
-            id.push('-');
-        }
-    }
-    let id: String = id.trim_matches('-').chars().take(MAX_ID_LEN).collect();
-    if id.is_empty() {
-        return Err(CardError::invalid(
-            "name",
-            "an A2A card's name must hold a letter or digit to make an agent id",
-        ));
-    }
-    Ok(id)
 }
 
 #[cfg(test)]

@@ -30,6 +30,11 @@ pub struct HeldCard {
     split: u32,
     reasoner_count: u16,
     skill_count: u16,
+    /// The card's version when it is a semantic version, parsed once: the `version` filters read it
+    /// for every record.
+    semver: Option<Box<semver::Version>>,
+    /// The card's `group_id`, when it names one (none: the agent id is the group).
+    group: Option<Box<str>>,
 }
 
 impl HeldCard {
@@ -61,7 +66,19 @@ impl HeldCard {
             split,
             reasoner_count: card.reasoners.len() as u16,
             skill_count: card.skills.len() as u16,
+            semver: semver::Version::parse(&card.version).ok().map(Box::new),
+            group: card.group_id.as_deref().map(Into::into),
         }
+    }
+
+    /// The card's version, when it is a semantic version.
+    pub fn semver(&self) -> Option<&semver::Version> {
+        self.semver.as_deref()
+    }
+
+    /// The card's `group_id`, when it names one.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
     }
 
     /// The canonical JSON text.
@@ -170,6 +187,8 @@ pub struct CardRef<'a> {
     #[serde(borrow, default)]
     pub version: Cow<'a, str>,
     #[serde(borrow, default)]
+    pub group_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     pub base_url: Cow<'a, str>,
     #[serde(borrow, default)]
     pub deployment_type: Cow<'a, str>,
@@ -177,6 +196,8 @@ pub struct CardRef<'a> {
     pub tags: Vec<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub category: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub metadata: MetadataRef<'a>,
     #[serde(borrow, default)]
     pub reasoners: Vec<CapRef<'a>>,
     #[serde(borrow, default)]
@@ -211,12 +232,55 @@ pub struct CapRef<'a> {
     pub required_secrets: Vec<Cow<'a, str>>,
     #[serde(default)]
     pub has_side_effects: bool,
+    #[serde(default)]
+    pub confidence_hint: Option<f64>,
+    #[serde(borrow, default)]
+    pub metadata: MetadataRef<'a>,
+    /// The media types it takes; empty: the card's.
+    #[serde(borrow, default)]
+    pub input_modes: Vec<Cow<'a, str>>,
+    /// The media types it answers with; empty: the card's.
+    #[serde(borrow, default)]
+    pub output_modes: Vec<Cow<'a, str>>,
 }
+
+/// Borrowed metadata, in key order.
+pub type MetadataRef<'a> = std::collections::BTreeMap<Cow<'a, str>, Cow<'a, str>>;
 
 impl<'a> CapRef<'a> {
     /// The capability's category, or its agent's when it has none of its own.
     pub fn category_in<'b>(&'b self, card: &'b CardRef<'a>) -> Option<&'b str> {
         self.category.as_deref().or(card.category.as_deref())
+    }
+
+    /// The media types it takes: its own, else its card's defaults.
+    pub fn input_modes_in<'b>(&'b self, card: &'b CardRef<'a>) -> &'b [Cow<'a, str>] {
+        if self.input_modes.is_empty() {
+            &card.input_modes
+        } else {
+            &self.input_modes
+        }
+    }
+
+    /// The media types it answers with: its own, else its card's defaults.
+    pub fn output_modes_in<'b>(&'b self, card: &'b CardRef<'a>) -> &'b [Cow<'a, str>] {
+        if self.output_modes.is_empty() {
+            &card.output_modes
+        } else {
+            &self.output_modes
+        }
+    }
+
+    /// The capability's metadata value for `key`, or its agent's when it has none of its own.
+    pub fn metadata_in<'b>(&'b self, card: &'b CardRef<'a>, key: &str) -> Option<&'b str> {
+        self.metadata.get(key).or_else(|| card.metadata.get(key)).map(|v| v.as_ref())
+    }
+}
+
+impl CardRef<'_> {
+    /// The agent's group: its `group_id`, else its agent id.
+    pub fn group(&self) -> &str {
+        self.group_id.as_deref().unwrap_or(&self.agent_id)
     }
 }
 

@@ -34,6 +34,10 @@ struct CapabilityYaml {
     output_schema: Option<Value>,
     #[serde(default)]
     examples: Vec<Value>,
+    #[serde(default)]
+    confidence_hint: Option<f64>,
+    #[serde(default)]
+    metadata: crate::card::Metadata,
 }
 
 /// `AGENT.yaml`: every field optional.
@@ -47,6 +51,8 @@ struct AgentYaml {
     base_url: Option<String>,
     tags: Vec<String>,
     category: Option<String>,
+    group_id: Option<String>,
+    metadata: crate::card::Metadata,
 }
 
 /// The texts that make one capability: its `CAPABILITY.yaml` and, when present, `SKILL.md` and
@@ -115,6 +121,11 @@ pub fn capability(files: &CapabilityFiles<'_>) -> Result<(Kind, Capability), Man
         requires: y.requires,
         required_secrets: y.required_secrets,
         has_side_effects: y.has_side_effects,
+        confidence_hint: y.confidence_hint,
+        metadata: y.metadata,
+        input_modes: Vec::new(),
+        output_modes: Vec::new(),
+        a2a: None,
     };
     let capability = capability.normalized("").map_err(|e| card_error(path, &e))?;
     Ok((kind, capability))
@@ -137,9 +148,14 @@ pub fn agent(
     fields.insert("agent_id".into(), y.agent_id.unwrap_or_else(|| default_id.to_owned()).into());
     fields.insert("base_url".into(), y.base_url.unwrap_or_else(|| default_base_url.to_owned()).into());
     fields.insert("tags".into(), y.tags.into());
-    for (name, value) in
-        [("name", y.name), ("description", y.description), ("version", y.version), ("category", y.category)]
-    {
+    fields.insert("metadata".into(), serde_json::json!(y.metadata));
+    for (name, value) in [
+        ("name", y.name),
+        ("description", y.description),
+        ("version", y.version),
+        ("category", y.category),
+        ("group_id", y.group_id),
+    ] {
         if let Some(value) = value {
             fields.insert(name.into(), value.into());
         }

@@ -142,3 +142,58 @@ fn behaviour(
         sync,
     })
 }
+
+/// The TCP socket address a listen multiaddr binds (`/ip4|ip6/<ip>/tcp/<port>`, port not 0), if any.
+pub(super) fn fixed_tcp_port(addr: &Multiaddr) -> Option<std::net::SocketAddr> {
+    let mut parts = addr.iter();
+    let ip: std::net::IpAddr = match parts.next()? {
+        Protocol::Ip4(ip) => ip.into(),
+        Protocol::Ip6(ip) => ip.into(),
+        _ => return None,
+    };
+    match (parts.next()?, parts.next()) {
+        (Protocol::Tcp(port), None) if port != 0 => Some((ip, port).into()),
+        _ => None,
+    }
+}
+
+/// libp2p's TCP transport marks its listening sockets `SO_REUSEPORT`, so a second node of the same
+/// user binds a port a running node already listens on without an error, and the kernel then hands
+/// each incoming connection to one of the two at random: bootstrap dials reach the wrong PeerId half
+/// the time. A plain bind (no `SO_REUSEPORT`) first turns that into an error at start. The probe is
+/// closed before libp2p binds; a node starting in that same instant is not caught.
+pub(super) fn ensure_port_free(addr: &Multiaddr) -> Result<(), NetError> {
+    let Some(socket) = fixed_tcp_port(addr) else { return Ok(()) };
+    std::net::TcpListener::bind(socket)
+        .map(drop)
+        .map_err(|e| NetError::Listen { addr: addr.clone(), reason: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> Multiaddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn only_fixed_tcp_ports_are_probed() {
+        assert_eq!(fixed_tcp_port(&addr("/ip4/127.0.0.1/tcp/4001")), Some(([127, 0, 0, 1], 4001).into()));
+        assert_eq!(fixed_tcp_port(&addr("/ip6/::1/tcp/4001")).map(|s| s.port()), Some(4001));
+        assert_eq!(fixed_tcp_port(&addr("/ip4/127.0.0.1/tcp/0")), None);
+        assert_eq!(fixed_tcp_port(&addr("/ip4/127.0.0.1/udp/4001/quic-v1")), None);
+        assert_eq!(fixed_tcp_port(&addr("/ip4/127.0.0.1/tcp/4001/ws")), None);
+        assert_eq!(fixed_tcp_port(&addr("/dns4/localhost/tcp/4001")), None);
+    }
+
+    #[test]
+    fn a_port_someone_listens_on_is_refused_naming_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let e = ensure_port_free(&addr(&format!("/ip4/127.0.0.1/tcp/{port}"))).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("cannot listen on /ip4/127.0.0.1/tcp/{port}: ")), "{e}");
+        drop(taken);
+        ensure_port_free(&addr(&format!("/ip4/127.0.0.1/tcp/{port}"))).unwrap();
+    }
+}

@@ -8,6 +8,7 @@ use libp2p::gossipsub::{MessageAcceptance, MessageId};
 use libp2p::identity::PeerId;
 use serde_bytes::ByteBuf;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::Counters;
 use crate::clock::now_millis;
@@ -21,7 +22,7 @@ pub enum Inbound {
     Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
     /// Signed messages from a sync response (any publisher's cards, or a heartbeat or the chunks that
     /// carry an agent list).
-    Signed { from: PeerId, messages: Vec<ByteBuf> },
+    Signed { from: PeerId, messages: Vec<ByteBuf>, span: tracing::Span },
 }
 
 /// Sync answers at least this long are opened on every core (below it, starting threads costs more).
@@ -96,13 +97,18 @@ pub async fn run(
     while let Some(item) = inbox.recv().await {
         match item {
             Inbound::Gossip { message_id, source, data } => {
-                let acceptance = handle(&registry, &data, source, &policy, &counters, &verdicts).await;
+                let span =
+                    tracing::info_span!("ingest", from = %source, source = "gossip", bytes = data.len());
+                let acceptance =
+                    handle(&registry, &data, source, &policy, &counters, &verdicts).instrument(span).await;
                 if verdicts.send(Verdict::Validate { message_id, source, acceptance }).await.is_err() {
                     return;
                 }
             }
-            Inbound::Signed { from, messages } => {
-                apply_signed(&registry, messages, from, &policy, &counters, &verdicts).await;
+            Inbound::Signed { from, messages, span } => {
+                // A child of the sync exchange that brought the messages, so a log follows both.
+                let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
+                apply_signed(&registry, messages, from, &policy, &counters, &verdicts).instrument(span).await;
             }
         }
     }

@@ -80,9 +80,37 @@ pub struct PeerInfo {
     pub peer_id: String,
     pub addresses: Vec<String>,
     pub rtt_ms: Option<f64>,
+    /// The gossip topics for which the peer is in this node's gossipsub mesh (the keys of
+    /// `Status::mesh_peers`); empty when it is connected but only gossiped to (IHAVE) or not subscribed.
+    pub mesh_topics: Vec<String>,
 }
 
 impl EventLoop {
+    pub(super) fn peers(&self) -> Vec<PeerInfo> {
+        let gossip = &self.swarm.behaviour().gossipsub;
+        let meshes: Vec<(String, HashSet<&PeerId>)> = [&self.cards, &self.heartbeats]
+            .into_iter()
+            .map(|t| (t.to_string(), gossip.mesh_peers(&t.hash()).collect()))
+            .collect();
+        self.swarm
+            .connected_peers()
+            .map(|p| PeerInfo {
+                peer_id: p.to_base58(),
+                addresses: self
+                    .addrs
+                    .get(p)
+                    .map(|a| a.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default(),
+                rtt_ms: self.rtts.get(p).map(|d| d.as_secs_f64() * 1e3),
+                mesh_topics: meshes
+                    .iter()
+                    .filter(|(_, peers)| peers.contains(p))
+                    .map(|(topic, _)| topic.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
     pub(super) fn status(&mut self) -> Status {
         let counters = self.counters.get();
         let gossip = &self.swarm.behaviour().gossipsub;

@@ -75,9 +75,12 @@ impl EventLoop {
 
     /// Sends a question the protocol state decided on, remembering its number for the answer.
     pub(super) fn send_sync(&mut self, peer: PeerId, id: u64, request: Request) {
+        // Asked while an answer is handled, the question is a child of that answer's span: a round
+        // logs as its chain, reconcile (→ reconcile …) → fetch → the ingest of what the fetch brought.
+        let span = tracing::info_span!("sync", %peer, question = id, kind = request.kind());
         let request = SyncRequest::from_request(request);
         let outbound = self.swarm.behaviour_mut().sync.send_request(&peer, request);
-        self.requests.insert(outbound, id);
+        self.requests.insert(outbound, (id, span));
     }
 
     pub(super) fn on_sync_response(
@@ -90,13 +93,23 @@ impl EventLoop {
             c.sync_rounds += 1;
             c.last_sync_ms = Some(now_millis());
         });
-        if let Some(id) = self.requests.remove(&request_id) {
+        let (id, span) = match self.requests.remove(&request_id) {
+            Some((id, span)) => (Some(id), span),
+            None => (None, tracing::info_span!("sync", %peer)),
+        };
+        let _entered = span.enter();
+        tracing::debug!(
+            records = response.cards.len(),
+            frame_bytes = response.frame.as_ref().map_or(0, |f| f.len()),
+            "sync answer"
+        );
+        if let Some(id) = id {
             let frame = response.frame.map(|f| f.into_vec());
             let reach = response.reach.map(Reach::from_u8);
             self.handle(Event::Answered { id, frame, reach });
         }
         if !response.cards.is_empty() {
-            let inbound = Inbound::Signed { from: peer, messages: response.cards };
+            let inbound = Inbound::Signed { from: peer, messages: response.cards, span: span.clone() };
             if self.ingest.try_send(inbound).is_err() {
                 tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
             }
@@ -109,10 +122,13 @@ impl EventLoop {
         request_id: OutboundRequestId,
         error: &dyn std::fmt::Display,
     ) {
-        if let Some(id) = self.requests.remove(&request_id) {
-            self.handle(Event::Failed { id });
+        match self.requests.remove(&request_id) {
+            Some((id, span)) => {
+                span.in_scope(|| tracing::debug!(%error, "sync request failed"));
+                self.handle(Event::Failed { id });
+            }
+            None => tracing::debug!(%peer, %error, "sync request failed"),
         }
-        tracing::debug!(%peer, %error, "sync request failed");
     }
 
     /// Answers a peer's sync request from the view as it is now.

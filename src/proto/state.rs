@@ -35,6 +35,18 @@ pub enum Request {
     Reach(PeerId),
 }
 
+impl Request {
+    /// The question's kind, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Reconcile(_) => "reconcile",
+            Request::Fetch(_) => "fetch",
+            Request::List(_) => "list",
+            Request::Reach(_) => "reach",
+        }
+    }
+}
+
 /// A question's number, unique per [`State`].
 pub type RequestId = u64;
 

@@ -45,13 +45,34 @@ impl Daemon {
 
     /// Starts the binary on `data_dir`; the error is what it printed when it did not start.
     pub fn start_in(data_dir: &std::path::Path, args: &[&str]) -> Result<Daemon, String> {
-        let mut child = Command::new(BIN)
+        Daemon::start_filtered(data_dir, args, None)
+    }
+
+    /// Starts the binary like [`Daemon::start`], logging what `filter` (a `RUST_LOG` directive) lets through.
+    pub fn start_logging(filter: &str, args: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon =
+            Daemon::start_filtered(dir.path(), args, Some(filter)).unwrap_or_else(|e| panic!("{e}"));
+        daemon._dir = Some(dir);
+        daemon
+    }
+
+    fn start_filtered(
+        data_dir: &std::path::Path,
+        args: &[&str],
+        filter: Option<&str>,
+    ) -> Result<Daemon, String> {
+        let mut command = Command::new(BIN);
+        match filter {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
+        let mut child = command
             .args(["run", "--http", "127.0.0.1:0", "--log-format", "json", "--no-mdns"])
             .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
             .args(args)
             .arg("--data-dir")
             .arg(data_dir)
-            .env_remove("RUST_LOG")
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();

@@ -8,14 +8,21 @@ with AgentFieldClient.discover_capabilities in json, compact and xml, with filte
 """
 
 import asyncio
+import json
 import sys
 import time
+import urllib.request
 import xml.etree.ElementTree as ET
 
 from agentfield.client import AgentFieldClient
 
 AGENT = "sdk-trip-planner"
 DEADLINE_S = 20
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
 
 
 def main(publisher_api: str, other_api: str) -> int:
@@ -39,6 +46,8 @@ def main(publisher_api: str, other_api: str) -> int:
                      "input_schema": {"type": "object", "properties": {"name": {"type": "string"}}}}],
             base_url="http://127.0.0.1:8001",
             tags=["travel"],
+            version="1.4.0",
+            agent_metadata={"owner_team": "travel-desk", "region": "eu"},
         )
     )
     check("the SDK's register_agent succeeds", ok, payload)
@@ -79,6 +88,15 @@ def main(publisher_api: str, other_api: str) -> int:
         fields = [f.get("name") for f in root.iter("field")]
         check(f"{label}: xml", agent is not None and agent.get("id") == AGENT and skills == ["lookup_city"]
               and "name" in fields, (skills, fields))
+
+        # What the SDK's registration carries beyond the discovery contract: its version and its
+        # agent_metadata (metadata.custom) are filterable, and resolve picks the agent by policy.
+        raw = get_json(f"{api}/api/v1/discovery/capabilities?metadata.owner_team=travel-*&version=latest")
+        check(f"{label}: the SDK's agent_metadata and version filter discovery",
+              [(a["agent_id"], a["version"], a.get("metadata", {}).get("region")) for a in raw["capabilities"]]
+              == [(AGENT, "1.4.0", "eu")], raw["capabilities"])
+        picked = get_json(f"{api}/api/v1/discovery/resolve?capability=plan_trip&metadata.region=eu")
+        check(f"{label}: resolve names the SDK's agent", picked.get("target") == f"{AGENT}:plan_trip", picked)
 
     passed = sum(results)
     print(f"{passed} passed, {len(results) - passed} failed")

@@ -1,12 +1,13 @@
 //! `format=json`: the AgentField discovery response, plus mesh facts as extra keys per agent.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{reasoner_target, skill_target};
-use crate::card::held::{CapRef, CardRef};
+use crate::card::held::{CapRef, CardRef, MetadataRef};
 use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
@@ -31,13 +32,19 @@ struct Pagination {
 #[derive(Serialize)]
 struct Agent<'a> {
     agent_id: &'a str,
+    /// AgentField's group: the card's `group_id`, else the agent id.
+    group_id: &'a str,
     base_url: &'a str,
     version: &'a str,
     health_status: &'static str,
+    /// Whether it takes new work: `ready`, `busy` or `draining`, as it reports.
+    lifecycle: &'static str,
     deployment_type: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     category: Option<&'a str>,
     last_heartbeat: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: &'a MetadataRef<'a>,
     reasoners: Vec<Cap<'a>>,
     skills: Vec<Cap<'a>>,
     /// PeerId of the node that signed and published the card.
@@ -67,6 +74,10 @@ struct Cap<'a> {
     required_secrets: &'a [Cow<'a, str>],
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     has_side_effects: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence_hint: Option<f64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: &'a MetadataRef<'a>,
     invocation_target: String,
 }
 
@@ -85,6 +96,8 @@ fn cap<'a>(c: &'a CapRef<'a>, card: &'a CardRef<'a>, target: String, inc: Includ
         requires: &c.requires,
         required_secrets: &c.required_secrets,
         has_side_effects: c.has_side_effects,
+        confidence_hint: c.confidence_hint,
+        metadata: &c.metadata,
         id: &c.id,
         description: c.description.as_deref().filter(|_| inc.descriptions),
         tags: &c.tags,
@@ -112,9 +125,12 @@ fn agent<'a>(hit: &'a Hit<'a>, card: &'a CardRef<'a>, q: &Query) -> Agent<'a> {
     };
     Agent {
         agent_id: &card.agent_id,
+        group_id: card.group(),
         base_url: &card.base_url,
         version: &card.version,
         health_status: hit.health.as_str(),
+        lifecycle: e.lifecycle().as_str(),
+        metadata: &card.metadata,
         deployment_type: &card.deployment_type,
         category: card.category.as_deref(),
         last_heartbeat: rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at)),

@@ -45,6 +45,8 @@ use error::ApiError;
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub cache: Arc<discovery::ResponseCache>,
+    /// The discovery filter index, kept in step with the registry's view.
+    pub filters: Arc<crate::query::index::Indexer>,
     /// The capability search index, kept in step with the registry's view.
     pub search: Arc<crate::search::Engine>,
     /// Every metric family `/metrics` serves, and the discovery counters the request path updates.
@@ -86,6 +88,7 @@ impl AppState {
         Self {
             registry,
             cache: Arc::default(),
+            filters: Arc::default(),
             search: Arc::default(),
             metrics,
             watch,

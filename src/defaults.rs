@@ -79,6 +79,13 @@ pub const MAX_QUERY_METADATA: usize = 8;
 /// Targets `resolve` names as failover after the one it picks.
 pub const RESOLVE_FAILOVER: usize = 3;
 
+/// Records per chunk of the discovery filter index: a changed card rebuilds its chunk's columns,
+/// and a filter tests this many records' capabilities in one sweep of flat arrays.
+pub const INDEX_CHUNK: usize = 256;
+/// Terms the filter index's dictionary may hold beyond twice the ids and tags in use (names that no
+/// record uses any more, after churn) before the next refresh starts a fresh dictionary.
+pub const INDEX_TERM_SLACK: usize = 65_536;
+
 /// Discovery responses kept in the response cache.
 pub const CACHE_ENTRIES: usize = 1024;
 /// Bytes of rendered responses the cache may hold; a single response over an eighth of it is not cached.

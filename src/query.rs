@@ -14,6 +14,8 @@ use crate::defaults::{
 use crate::registry::health::{Health, Millis, Thresholds};
 use crate::registry::Entry;
 
+pub mod index;
+
 /// A parameter that failed to parse: rendered as the 400 body of the API contract.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {parameter} parameter")]
@@ -639,10 +641,10 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         if reasoners == 0 && skills == 0 {
             return;
         }
-        if let Some(t) = entry.next_health_change(now, thresholds) {
-            sel.valid_until = Some(sel.valid_until.map_or(t, |v: Millis| v.min(t)));
-        }
+        // With a health filter, every record the other filters let through decides the answer, so
+        // each one's next change of health bounds how long it holds; without one, the page's records do.
         if let Some(wanted) = query.health {
+            note_change(&mut sel, entry, now, thresholds);
             if entry.health(now, thresholds) != wanted {
                 return;
             }
@@ -652,6 +654,9 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
         sel.total_reasoners += reasoners;
         sel.total_skills += skills;
         if index >= query.offset && index < page_end {
+            if query.health.is_none() {
+                note_change(&mut sel, entry, now, thresholds);
+            }
             let positions = |list: crate::card::held::Caps<'_>, ok: &dyn Fn(usize, &CapIndex<'_>) -> bool| {
                 list.enumerate().filter(|(i, c)| ok(*i, c)).map(|(i, _)| i).collect()
             };
@@ -678,6 +683,13 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
     }
     sel.has_more = page_end < sel.total_agents;
     sel
+}
+
+/// Lowers the selection's validity to when `entry`'s health would next change by itself.
+fn note_change(sel: &mut Selection<'_>, entry: &Entry, now: Millis, thresholds: &Thresholds) {
+    if let Some(t) = entry.next_health_change(now, thresholds) {
+        sel.valid_until = Some(sel.valid_until.map_or(t, |v| v.min(t)));
+    }
 }
 
 #[cfg(test)]

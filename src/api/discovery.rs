@@ -149,7 +149,14 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
     }
     // Tens of microseconds to milliseconds of CPU: let the runtime move other tasks off this worker.
     let (body, valid_until, total_agents, returned) = off_the_worker(|| {
-        let sel = select(&snapshot.entries, query, now, app.registry.thresholds());
+        // The filter index answers; an id allow-list, or an index another request is bringing up to
+        // date right now, is answered by the scan (the same answer).
+        let index = if query.ids.is_empty() { app.filters.index(&snapshot) } else { None };
+        let thresholds = app.registry.thresholds();
+        let sel = match &index {
+            Some(index) => crate::query::index::select(index, query, now, thresholds),
+            None => select(&snapshot.entries, query, now, thresholds),
+        };
         let body = match query.format {
             Format::Json => render::json::render(&sel, query, now),
             Format::Compact => render::compact::render(&sel, now),

@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 use crate::card::{AgentCard, HeldCard};
 use crate::proto::records::Admission;
 use health::{Health, Millis, Reported, Thresholds};
-use store::{Row, Store, StoreError};
+use store::{Row, SealKey, Store, StoreError};
 
 pub use crate::proto::records::{accepts, RecordKey};
 pub use remote::{HeartbeatOutcome, Limits};
@@ -278,6 +278,10 @@ impl Snapshot {
 
 /// A change offered to the registry. Short-lived (built and applied at once), so the size difference
 /// between the variants does not matter.
+///
+/// A remote `Upsert` must hold a card whose signatures the caller has verified (the mesh does, before
+/// anything reaches the registry): the row it becomes is sealed, and a sealed row is not verified
+/// again when the store is reopened.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Update {
@@ -326,6 +330,8 @@ pub struct Registry {
     me: PeerId,
     /// Signs this node's own cards.
     signer: Keypair,
+    /// Seals every row written (see [`store`]).
+    seal: SealKey,
     store: Store,
     thresholds: Thresholds,
     /// The authoritative map. A tokio mutex because writers hold it across the store flush, which
@@ -365,6 +371,8 @@ pub struct OpenReport {
     pub local: usize,
     pub remote: usize,
     pub unreadable: usize,
+    /// Records taken on their seal, without verifying their signatures again (the rest were).
+    pub sealed: usize,
 }
 
 impl Registry {
@@ -388,25 +396,10 @@ impl Registry {
         accept_loss: bool,
     ) -> Result<(Self, OpenReport), RegistryError> {
         let me = signer.public().to_peer_id();
+        let seal = SealKey::derive(&signer);
         let store = Store::reopen(dir)?;
-        let mut report = OpenReport::default();
-        let mut map = BTreeMap::new();
         let names = PublisherNames::default();
-        let undecodable = store.load(|row| match entry_from_row(&row, &names, &signer) {
-            Some(entry) => {
-                if entry.is_local() {
-                    report.local += 1;
-                } else {
-                    report.remote += 1;
-                }
-                map.insert(entry.key.clone(), Arc::new(entry));
-            }
-            None => {
-                tracing::warn!(agent_id = %row.agent_id, "skipping stored record that does not validate");
-                report.unreadable += 1;
-            }
-        })?;
-        report.unreadable += undecodable;
+        let (map, report) = load_view(&store, &names, &signer, &seal)?;
         // sled keeps every page it read during the full scan resident, whatever its cache capacity
         // (measured: about 2x the data). Reopening drops that; the view is already in memory.
         drop(store);
@@ -429,6 +422,7 @@ impl Registry {
         let registry = Self {
             me,
             signer,
+            seal,
             store,
             thresholds,
             writer: tokio::sync::Mutex::new(map),
@@ -637,7 +631,7 @@ impl Registry {
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
                 let card = HeldCard::new(&card);
                 let pub_bytes = publisher.to_bytes();
-                let row = Row::new(
+                let mut row = Row::new(
                     &pub_bytes,
                     key.agent_id.clone(),
                     seq,
@@ -646,6 +640,7 @@ impl Registry {
                     card.json().to_owned(),
                     &sig,
                 );
+                self.seal.seal(&mut row);
                 let write = self.store.put(&row, origin != Origin::Remote);
                 let stored = if origin == Origin::Remote {
                     write.await.map_err(RegistryError::from)
@@ -780,15 +775,10 @@ impl Registry {
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
             let sig = self.sign(&card, seq);
             let json = String::from_utf8(card.to_json()).unwrap_or_default();
-            rows.push(Row::new(
-                &self.me.to_bytes(),
-                key.agent_id.clone(),
-                seq,
-                origin.to_u8(),
-                now,
-                json,
-                &sig,
-            ));
+            let mut row =
+                Row::new(&self.me.to_bytes(), key.agent_id.clone(), seq, origin.to_u8(), now, json, &sig);
+            self.seal.seal(&mut row);
+            rows.push(row);
 
             let live = Arc::new(Live::default());
             if liveness == Liveness::Agent {
@@ -834,12 +824,111 @@ fn release_free_memory() {
     }
 }
 
-/// Rebuilds an entry from its row, re-validating the card and re-verifying the publisher's signatures
-/// (the envelope's and the A2A one). A local card whose signatures do not verify (a store written
+/// Rows handed to a loading thread at once.
+const LOAD_BATCH: usize = 256;
+/// Batches queued between the store's reader and the loading threads (bounds the memory of a load).
+const LOAD_QUEUE: usize = 4;
+/// Most threads turning rows into entries at start.
+const LOAD_THREADS: usize = 8;
+
+/// Reads every row of the store into the view: the store is read on this thread while up to one
+/// thread per core turns rows into entries (seal checks, card parses, and for unsealed rows the
+/// signature checks), through bounded queues.
+fn load_view(
+    store: &Store,
+    names: &PublisherNames,
+    signer: &Keypair,
+    seal: &SealKey,
+) -> Result<(BTreeMap<RecordKey, Arc<Entry>>, OpenReport), StoreError> {
+    use std::sync::mpsc::sync_channel;
+    type Loaded = Vec<(String, bool, Option<Entry>)>;
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(LOAD_THREADS);
+    let (rows_tx, rows_rx) = sync_channel::<Vec<Row>>(LOAD_QUEUE);
+    let rows_rx = std::sync::Mutex::new(rows_rx);
+    let (loaded_tx, loaded_rx) = sync_channel::<Loaded>(LOAD_QUEUE);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (rows_rx, loaded_tx) = (&rows_rx, loaded_tx.clone());
+            scope.spawn(move || loop {
+                let batch = match rows_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                    Ok(batch) => batch,
+                    Err(_) => return,
+                };
+                let loaded = batch
+                    .into_iter()
+                    .map(|row| {
+                        let agent_id = row.agent_id.clone();
+                        let sealed = seal.sealed(&row);
+                        (agent_id, sealed, entry_from_row(row, sealed, names, signer))
+                    })
+                    .collect();
+                if loaded_tx.send(loaded).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(loaded_tx);
+        let collector = scope.spawn(move || {
+            let mut map = BTreeMap::new();
+            let mut report = OpenReport::default();
+            for (agent_id, sealed, entry) in loaded_rx.into_iter().flatten() {
+                match entry {
+                    Some(entry) => {
+                        report.sealed += usize::from(sealed);
+                        if entry.is_local() {
+                            report.local += 1;
+                        } else {
+                            report.remote += 1;
+                        }
+                        map.insert(entry.key.clone(), Arc::new(entry));
+                    }
+                    None => {
+                        tracing::warn!(%agent_id, "skipping stored record that does not validate");
+                        report.unreadable += 1;
+                    }
+                }
+            }
+            (map, report)
+        });
+        let mut batch = Vec::with_capacity(LOAD_BATCH);
+        let read = store.load(|row| {
+            batch.push(row);
+            if batch.len() == LOAD_BATCH {
+                // The loading threads only stop early by panicking, which the scope re-raises.
+                let _ = rows_tx.send(std::mem::replace(&mut batch, Vec::with_capacity(LOAD_BATCH)));
+            }
+        });
+        if !batch.is_empty() {
+            let _ = rows_tx.send(batch);
+        }
+        drop(rows_tx);
+        let (map, mut report) = collector.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        report.unreadable += read?;
+        Ok((map, report))
+    })
+}
+
+/// Rebuilds an entry from its row. A row `sealed` by this node is taken as it is; any other has its card
+/// re-validated and the publisher's signatures (the envelope's and the A2A one) re-verified. A local card whose signatures do not verify (a store written
 /// before cards were signed) is signed again by `signer` at the same seq; a remote one is refused.
-fn entry_from_row(row: &Row, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
+fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
+    let entry = |card: HeldCard, sig: Vec<u8>| Entry {
+        key: RecordKey { agent_id: row.agent_id.clone(), publisher },
+        seq: row.seq,
+        card,
+        publisher_name: names.get(publisher),
+        sig: sig.into_boxed_slice(),
+        origin,
+        updated_at: row.updated_at,
+        live: Arc::new(Live::default()),
+    };
+    // Sealed by this node after everything in it was verified: taken as it is.
+    if sealed {
+        let card = HeldCard::from_canonical(row.card.clone(), &row.agent_id)?;
+        return Some(entry(card, row.sig.to_vec()));
+    }
     let mut card = AgentCard::from_json(row.card.as_bytes()).ok()?;
     if card.agent_id != row.agent_id {
         return None;
@@ -848,8 +937,7 @@ fn entry_from_row(row: &Row, names: &PublisherNames, signer: &Keypair) -> Option
     let mut sig = row.sig.to_vec();
     // A remote card's A2A signature was checked when the card arrived, and the envelope signature just
     // checked covers it, so a remote row only has to carry one (rows from before A2A signatures do
-    // not); the full check (0.12 ms) would add seconds to opening a store of 50,000 records. This
-    // node's own cards are few and are checked in full, so that they are signed again if need be.
+    // not). This node's own cards are checked in full, so that they are signed again if need be.
     let a2a_ok = match origin {
         Origin::Remote => card.a2a_signature.is_some() == card.has_a2a_view(),
         Origin::Local(_) => card.verify_a2a(&publisher).is_ok(),
@@ -864,16 +952,7 @@ fn entry_from_row(row: &Row, names: &PublisherNames, signer: &Keypair) -> Option
         let canonical = crate::wire::CardBody { card: String::from_utf8(card.to_json()).ok()?, ..body };
         sig = crate::wire::sign_card(signer, &canonical);
     }
-    Some(Entry {
-        key: RecordKey { agent_id: row.agent_id.clone(), publisher },
-        seq: row.seq,
-        card: HeldCard::new(&card),
-        publisher_name: names.get(publisher),
-        sig: sig.into_boxed_slice(),
-        origin,
-        updated_at: row.updated_at,
-        live: Arc::new(Live::default()),
-    })
+    Some(entry(HeldCard::new(&card), sig))
 }
 
 #[cfg(test)]
@@ -913,5 +992,62 @@ mod tests {
         }
         let (_, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!(report.local, 2);
+    }
+
+    /// A restart takes sealed rows without verifying them again; a row changed on disk under its seal
+    /// is verified in full, and refused when its signature no longer holds.
+    #[tokio::test]
+    async fn sealed_rows_reopen_as_written_and_a_changed_row_is_verified_in_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let other = Keypair::generate_ed25519();
+        let card = |id: &str| {
+            let json = format!(
+                r#"{{"agent_id":"{id}","base_url":"http://h","reasoners":[{{"id":"r","tags":["t"]}}]}}"#
+            );
+            AgentCard::from_json(json.as_bytes()).unwrap()
+        };
+        let before = {
+            let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+            r.register_local(card("mine"), Liveness::Node, 1_000).await.unwrap();
+            let remote = card("theirs").signed(&other);
+            let body = crate::wire::CardBody {
+                agent_id: "theirs".into(),
+                seq: 5,
+                card: String::from_utf8(remote.to_json()).unwrap(),
+            };
+            let sig = crate::wire::sign_card(&other, &body);
+            let publisher = other.public().to_peer_id();
+            let update = Update::Upsert { publisher, seq: 5, card: remote, origin: Origin::Remote, sig };
+            assert!(r.apply(update, 2_000).await.unwrap().changed_view());
+            r.store.flush().await.unwrap();
+            r.snapshot()
+                .entries
+                .iter()
+                .map(|e| (e.key.clone(), e.seq, e.card.clone(), e.sig.clone()))
+                .collect::<Vec<_>>()
+        };
+        let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 1, 2, 0));
+        let after: Vec<_> = r
+            .snapshot()
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.seq, e.card.clone(), e.sig.clone()))
+            .collect();
+        assert_eq!(after, before, "a sealed row comes back exactly as it was held");
+        drop(r);
+        // Change the remote card on disk, keeping the row's seal.
+        {
+            let store = Store::reopen(dir.path()).unwrap();
+            let mut rows = Vec::new();
+            store.load(|row| rows.push(row)).unwrap();
+            let mut row = rows.into_iter().find(|row| row.agent_id == "theirs").unwrap();
+            row.card = row.card.replace("http://h", "http://evil");
+            store.put(&row, true).await.unwrap();
+        }
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 0, 1, 1));
+        assert!(r.snapshot().entries.iter().all(|e| !e.card.json().contains("evil")));
     }
 }

@@ -41,34 +41,40 @@ impl HeldCard {
     /// Builds the held form of a validated card.
     pub fn new(card: &AgentCard) -> Self {
         let json = String::from_utf8(card.to_json()).unwrap_or_default().into_boxed_str();
-        let mut index = String::new();
-        let mut split = 0;
-        for (part, list) in [&card.reasoners, &card.skills].into_iter().enumerate() {
-            if part == 1 {
-                split = index.len() as u32;
-                index.push(GROUP as char);
-            }
-            for (i, cap) in list.iter().enumerate() {
-                if i > 0 {
-                    index.push(RECORD as char);
-                }
-                index.push_str(&cap.id);
-                for tag in &cap.tags {
-                    index.push(UNIT as char);
-                    index.push_str(tag);
-                }
-            }
+        fn ids(list: &[super::Capability]) -> Vec<(&str, impl Iterator<Item = &str>)> {
+            list.iter().map(|c| (c.id.as_str(), c.tags.iter().map(String::as_str))).collect()
         }
+        let (index, split) = pack(ids(&card.reasoners), ids(&card.skills));
         // Validation bounds both counts by MAX_CAPABILITIES and the card by 64 KiB.
         Self {
             json,
-            index: index.into_boxed_str(),
+            index,
             split,
             reasoner_count: card.reasoners.len() as u16,
             skill_count: card.skills.len() as u16,
             semver: semver::Version::parse(&card.version).ok().map(Box::new),
             group: card.group_id.as_deref().map(Into::into),
         }
+    }
+
+    /// The held form of a card's canonical JSON as this node stored it, without the full parse and
+    /// validation of [`AgentCard`]: for rows whose seal shows they were validated when written. `None`
+    /// when the text is not the JSON of a card of `agent_id`.
+    pub fn from_canonical(json: String, agent_id: &str) -> Option<Self> {
+        let skeleton: Skeleton<'_> = serde_json::from_str(&json).ok()?;
+        if skeleton.agent_id != agent_id {
+            return None;
+        }
+        fn ids<'a>(list: &'a [CapSkeleton<'_>]) -> Vec<(&'a str, impl Iterator<Item = &'a str>)> {
+            list.iter().map(|c| (&*c.id, c.tags.iter().map(|t| &**t))).collect()
+        }
+        let (index, split) = pack(ids(&skeleton.reasoners), ids(&skeleton.skills));
+        let reasoner_count = u16::try_from(skeleton.reasoners.len()).ok()?;
+        let skill_count = u16::try_from(skeleton.skills.len()).ok()?;
+        let semver = semver::Version::parse(&skeleton.version).ok().map(Box::new);
+        let group = skeleton.group_id.as_deref().map(Into::into);
+        drop(skeleton);
+        Some(Self { json: json.into_boxed_str(), index, split, reasoner_count, skill_count, semver, group })
     }
 
     /// The card's version, when it is a semantic version.
@@ -114,6 +120,33 @@ impl HeldCard {
     pub fn skill_count(&self) -> usize {
         self.skill_count.into()
     }
+}
+
+/// The packed index of two lists of `(id, tags)`, reasoners then skills, and the offset of the GS
+/// between them.
+fn pack<'a, T: Iterator<Item = &'a str>>(
+    reasoners: Vec<(&'a str, T)>,
+    skills: Vec<(&'a str, T)>,
+) -> (Box<str>, u32) {
+    let mut index = String::new();
+    let mut split = 0;
+    for (part, list) in [reasoners, skills].into_iter().enumerate() {
+        if part == 1 {
+            split = index.len() as u32;
+            index.push(GROUP as char);
+        }
+        for (i, (id, tags)) in list.into_iter().enumerate() {
+            if i > 0 {
+                index.push(RECORD as char);
+            }
+            index.push_str(id);
+            for tag in tags {
+                index.push(UNIT as char);
+                index.push_str(tag);
+            }
+        }
+    }
+    (index.into_boxed_str(), split)
 }
 
 fn empty_object() -> &'static RawValue {
@@ -173,6 +206,30 @@ impl<'a> Iterator for Tags<'a> {
         self.rest = rest;
         Some(tag)
     }
+}
+
+/// The fields of a card its held form is made of; serde skips the rest of the text (schemas,
+/// descriptions) without building anything.
+#[derive(Deserialize)]
+struct Skeleton<'a> {
+    #[serde(borrow)]
+    agent_id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    version: Cow<'a, str>,
+    #[serde(borrow, default)]
+    group_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoners: Vec<CapSkeleton<'a>>,
+    #[serde(borrow, default)]
+    skills: Vec<CapSkeleton<'a>>,
+}
+
+#[derive(Deserialize)]
+struct CapSkeleton<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    tags: Vec<Cow<'a, str>>,
 }
 
 /// Borrowed view of a held card: strings borrow from the JSON unless they had escapes.
@@ -325,5 +382,23 @@ mod tests {
         assert!(matches!(v.agent_id, Cow::Borrowed(_)));
         assert_eq!(v.reasoners[0].input_schema.unwrap().get(), r#"{"type":"object"}"#);
         assert_eq!(h.raw().get(), h.json());
+    }
+
+    #[test]
+    fn the_canonical_text_gives_the_same_held_card_as_the_card() {
+        for json in [
+            r#"{"agent_id":"a","base_url":"http://x"}"#,
+            r#"{"agent_id":"a","base_url":"http://x","version":"2.1.0","group_id":"g","reasoners":[{"id":"r1","tags":["t1","t\"2"]},{"id":"r2"}],"skills":[{"id":"s1","tags":["t3"]}]}"#,
+            r#"{"agent_id":"b","base_url":"http://x","version":"not semver","skills":[{"id":"s"}]}"#,
+        ] {
+            let card = AgentCard::from_json(json.as_bytes()).unwrap();
+            let canonical = String::from_utf8(card.to_json()).unwrap();
+            assert_eq!(
+                HeldCard::from_canonical(canonical.clone(), &card.agent_id),
+                Some(HeldCard::new(&card))
+            );
+            assert_eq!(HeldCard::from_canonical(canonical, "another"), None, "the row's agent id is checked");
+        }
+        assert_eq!(HeldCard::from_canonical("not json".into(), "a"), None);
     }
 }

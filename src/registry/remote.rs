@@ -667,9 +667,19 @@ mod tests {
             r.apply(update, 0).await.unwrap();
             r.register_local(card("mine", "1"), Liveness::Node, 0).await.unwrap();
         }
+        // Rows as a version before seals wrote them: every one is verified again.
+        {
+            let store = crate::registry::store::Store::reopen(dir.path()).unwrap();
+            let mut rows = Vec::new();
+            store.load(|row| rows.push(row)).unwrap();
+            for mut row in rows {
+                row.seal = Default::default();
+                store.put(&row, true).await.unwrap();
+            }
+        }
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         let ids: Vec<_> = r.snapshot().entries.iter().map(|e| e.key.agent_id.clone()).collect();
         assert_eq!(ids, ["good", "mine"]);
-        assert_eq!((report.local, report.remote, report.unreadable), (1, 1, 2));
+        assert_eq!((report.local, report.remote, report.unreadable, report.sealed), (1, 1, 2, 0));
     }
 }

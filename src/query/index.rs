@@ -150,10 +150,103 @@ struct Chunk {
     /// Capability `c`'s tags are `tag_term[tags[c]..tags[c + 1]]`.
     tags: Box<[u32]>,
     tag_term: Box<[u32]>,
+    /// The record each capability belongs to (its position in the chunk).
+    cap_entry: Box<[u16]>,
+    /// The capabilities holding each term: as their id, and as one of their tags.
+    by_id: Postings,
+    by_tag: Postings,
     /// Records with at least one capability, and the capabilities of each kind: the unfiltered answer.
     agents: u32,
     total_reasoners: u32,
     total_skills: u32,
+}
+
+/// For each distinct term of a chunk (sorted), the chunk's capabilities that hold it.
+#[derive(Debug)]
+struct Postings {
+    terms: Box<[u32]>,
+    /// Term `i`'s capabilities are `caps[start[i]..start[i + 1]]`.
+    start: Box<[u32]>,
+    caps: Box<[u32]>,
+}
+
+impl Postings {
+    fn build(mut pairs: Vec<(u32, u32)>) -> Postings {
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut terms = Vec::new();
+        let mut start = Vec::new();
+        for (i, &(term, _)) in pairs.iter().enumerate() {
+            if terms.last() != Some(&term) {
+                terms.push(term);
+                start.push(i as u32);
+            }
+        }
+        start.push(pairs.len() as u32);
+        Postings {
+            terms: terms.into(),
+            start: start.into(),
+            caps: pairs.into_iter().map(|(_, cap)| cap).collect(),
+        }
+    }
+
+    /// Calls `f` with every capability holding a term of `set` (once per term it holds).
+    fn each(&self, set: &TermSet, mut f: impl FnMut(u32)) {
+        let mut postings = |i: usize| {
+            let range = self.start[i] as usize..self.start[i + 1] as usize;
+            self.caps[range].iter().for_each(|&c| f(c));
+        };
+        match set {
+            TermSet::Empty => {}
+            TermSet::One(n) => {
+                if let Ok(i) = self.terms.binary_search(n) {
+                    postings(i);
+                }
+            }
+            TermSet::Bits(_) => {
+                for (i, &term) in self.terms.iter().enumerate() {
+                    if set.has(term) {
+                        postings(i);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per-query marks over one chunk's capabilities and records, cleared after each chunk.
+#[derive(Default)]
+struct Scratch {
+    cap: Vec<bool>,
+    caps: Vec<u32>,
+    entry: Vec<bool>,
+    entries: Vec<u16>,
+}
+
+impl Scratch {
+    /// Marks capability `c`; true when it was not marked yet.
+    fn mark_cap(&mut self, c: u32) -> bool {
+        let slot = &mut self.cap[c as usize];
+        let new = !*slot;
+        if new {
+            *slot = true;
+            self.caps.push(c);
+        }
+        new
+    }
+
+    fn mark_entry(&mut self, e: u16) {
+        let slot = &mut self.entry[e as usize];
+        if !*slot {
+            *slot = true;
+            self.entries.push(e);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.caps.drain(..).for_each(|c| self.cap[c as usize] = false);
+        self.entries.drain(..).for_each(|e| self.entry[e as usize] = false);
+    }
 }
 
 impl Chunk {
@@ -181,6 +274,15 @@ impl Chunk {
         let mut numbers = Vec::with_capacity(ids.len() + tag_names.len());
         terms.number_all(ids.iter().chain(&tag_names).copied(), &mut numbers);
         let tag_term = numbers.split_off(ids.len());
+        let cap_entry: Vec<u16> =
+            (0..entries.len()).flat_map(|e| (caps[e]..caps[e + 1]).map(move |_| e as u16)).collect();
+        let by_id = Postings::build(numbers.iter().enumerate().map(|(c, &t)| (t, c as u32)).collect());
+        let by_tag = Postings::build(
+            (0..ids.len())
+                .flat_map(|c| (tags[c]..tags[c + 1]).map(move |at| (at, c as u32)))
+                .map(|(at, c)| (tag_term[at as usize], c))
+                .collect(),
+        );
         Chunk {
             entries: entries.into(),
             caps: caps.into(),
@@ -188,6 +290,9 @@ impl Chunk {
             cap_term: numbers.into(),
             tags: tags.into(),
             tag_term: tag_term.into(),
+            cap_entry: cap_entry.into(),
+            by_id,
+            by_tag,
             agents,
             total_reasoners,
             total_skills,
@@ -197,6 +302,73 @@ impl Chunk {
     fn len(&self) -> usize {
         self.entries.len()
     }
+
+    fn is_reasoner(&self, c: u32) -> bool {
+        let e = self.cap_entry[c as usize] as usize;
+        c < self.caps[e] + u32::from(self.reasoners[e])
+    }
+
+    /// Agents, reasoners and skills that the id and tag patterns let through, from the postings of
+    /// the matching terms: the cost grows with what matches, not with the chunk.
+    fn count(&self, f: &ColumnFilter<'_>, scratch: &mut Scratch) -> (usize, usize, usize) {
+        scratch.cap.resize(scratch.cap.len().max(self.cap_term.len()), false);
+        scratch.entry.resize(scratch.entry.len().max(self.len()), false);
+        let (mut reasoners, mut skills) = (0, 0);
+        // `n` capabilities of one kind of record `e` pass.
+        let mut take = |scratch: &mut Scratch, e: u16, reasoner: bool, n: usize| {
+            if reasoner {
+                reasoners += n;
+            } else {
+                skills += n;
+            }
+            scratch.mark_entry(e);
+        };
+        if let Some(tags) = f.tags {
+            // Every capability with a matching tag, once, then its kind's id pattern.
+            self.by_tag.each(tags, |c| {
+                scratch.mark_cap(c);
+            });
+            for i in 0..scratch.caps.len() {
+                let c = scratch.caps[i];
+                let reasoner = self.is_reasoner(c);
+                let pattern = if reasoner { f.reasoner } else { f.skill };
+                if pattern.is_none_or(|p| p.has(self.cap_term[c as usize])) {
+                    take(scratch, self.cap_entry[c as usize], reasoner, 1);
+                }
+            }
+        } else {
+            for (reasoner, pattern) in [(true, f.reasoner), (false, f.skill)] {
+                match pattern {
+                    Some(set) => self.by_id.each(set, |c| {
+                        if self.is_reasoner(c) == reasoner && scratch.mark_cap(c) {
+                            take(scratch, self.cap_entry[c as usize], reasoner, 1);
+                        }
+                    }),
+                    // No pattern on this kind: every capability of it passes.
+                    None => {
+                        for e in 0..self.len() {
+                            let own = self.reasoners[e] as usize;
+                            let all = (self.caps[e + 1] - self.caps[e]) as usize;
+                            let n = if reasoner { own } else { all - own };
+                            if n > 0 {
+                                take(scratch, e as u16, reasoner, n);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let agents = scratch.entries.len();
+        scratch.clear();
+        (agents, reasoners, skills)
+    }
+}
+
+/// The id and tag patterns of a query as term sets (`None`: no pattern).
+struct ColumnFilter<'a> {
+    reasoner: Option<&'a TermSet>,
+    skill: Option<&'a TermSet>,
+    tags: Option<&'a TermSet>,
 }
 
 /// The filter index of one snapshot generation.
@@ -361,14 +533,29 @@ pub fn select<'a>(
         }
         None => true,
     };
+    // Only id and tag patterns: each chunk off the page is counted from its postings.
+    let columns_only = !by_columns && !agent_filters && !query.needs_card() && query.health.is_none();
+    let filter = ColumnFilter { reasoner: reasoner.as_ref(), skill: skill.as_ref(), tags: tags.as_ref() };
+    let mut scratch = Scratch::default();
     for chunk in &index.chunks {
+        let off_page = |sel: &Selection<'_>, agents: usize| {
+            sel.total_agents + agents <= query.offset || sel.total_agents >= page_end
+        };
         // No filter at all: the chunk's totals answer, unless the page starts inside it.
-        if plain && (sel.total_agents + chunk.agents as usize <= query.offset || sel.total_agents >= page_end)
-        {
+        if plain && off_page(&sel, chunk.agents as usize) {
             sel.total_agents += chunk.agents as usize;
             sel.total_reasoners += chunk.total_reasoners as usize;
             sel.total_skills += chunk.total_skills as usize;
             continue;
+        }
+        if columns_only {
+            let (agents, reasoners, skills) = chunk.count(&filter, &mut scratch);
+            if off_page(&sel, agents) {
+                sel.total_agents += agents;
+                sel.total_reasoners += reasoners;
+                sel.total_skills += skills;
+                continue;
+            }
         }
         for (i, entry) in chunk.entries.iter().enumerate() {
             let (start, end) = (chunk.caps[i] as usize, chunk.caps[i + 1] as usize);

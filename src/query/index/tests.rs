@@ -109,7 +109,9 @@ fn random_query(rng: &mut StdRng) -> String {
         params.push("input_mode=audio/*".to_owned());
     }
     params.push(format!("limit={}", rng.random_range(0..8)));
-    params.push(format!("offset={}", rng.random_range(0..6)));
+    // Pages at the start, and anywhere in the view (in a later chunk).
+    let offset = if rng.random_bool(0.5) { rng.random_range(0..6) } else { rng.random_range(0..600) };
+    params.push(format!("offset={offset}"));
     params.join("&")
 }
 

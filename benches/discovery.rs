@@ -97,6 +97,8 @@ fn measure(name: &str, registry: &Registry, index: &ViewIndex, raw: &str) {
     }
     let query = Query::parse(raw).expect("valid query");
     let snapshot = registry.snapshot();
+    // As the API does: JSON pages are assembled from records rendered once (warmed below).
+    let prepared = render::json::PreparedCache::default();
     let thresholds = registry.thresholds();
     // As the API does: the index answers, an id allow-list is looked up in the snapshot.
     let pick = |now| {
@@ -110,7 +112,7 @@ fn measure(name: &str, registry: &Registry, index: &ViewIndex, raw: &str) {
         let now = now_ms();
         let sel = pick(now);
         let body = match query.format {
-            Format::Json => render::json::render(&sel, &query, now),
+            Format::Json => render::json::render_prepared(&sel, &query, now, &prepared),
             Format::Compact => render::compact::render(&sel, now),
             Format::Xml => render::xml::render(&sel, &query, now),
         };
@@ -231,6 +233,7 @@ fn main() {
     measure("json, tag filter", &registry, &index, "tags=ml,vision&limit=100");
     measure("json, one agent", &registry, &index, "agent=agent-04242");
     measure("json, last page", &registry, &index, "limit=100&offset=9900");
+    random_pages(&registry, &index, agents);
     if let Some((stop, worker, started)) = embedding {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let embedded = worker.join().expect("the embedding thread");
@@ -267,6 +270,55 @@ fn main() {
     time("A2A signature check of one card (view, RFC 8785, Ed25519; every card received)", || {
         card.verify_a2a(&publisher).is_ok()
     });
+}
+
+/// Random pages of 100 (`limit=100&offset=RANDOM`, as `simulations/wrk-uncached.lua` asks): select
+/// and render, first with nothing rendered in advance, then once every record has been rendered once.
+fn random_pages(registry: &Registry, index: &ViewIndex, agents: usize) {
+    if std::env::args().skip(1).any(|a| {
+        !a.starts_with("--") && a.parse::<usize>().is_err() && !"json, random page of 100".contains(&a)
+    }) {
+        return;
+    }
+    let prepared = render::json::PreparedCache::default();
+    let thresholds = registry.thresholds();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut page = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let query =
+            Query::parse(&format!("limit=100&offset={}", seed % agents.saturating_sub(99).max(1) as u64))
+                .expect("valid query");
+        let now = now_ms();
+        let sel = index::select(index, &query, now, thresholds);
+        render::json::render_prepared(&sel, &query, now, &prepared).len()
+    };
+    for (name, runs) in
+        [("json, random page of 100, first sight", 200), ("json, random page of 100, warm", 2000)]
+    {
+        if name.ends_with("warm") {
+            for _ in 0..agents / 10 {
+                page();
+            }
+        }
+        let mut samples: Vec<Duration> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(page());
+                t.elapsed()
+            })
+            .collect();
+        samples.sort();
+        let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e3;
+        let mean = samples.iter().sum::<Duration>().as_secs_f64() * 1e3 / samples.len() as f64;
+        println!(
+            "| {name} | `limit=100&offset=RANDOM` | {agents} | | {mean:.3} | {:.3} | {:.3} | | | | {runs} |",
+            at(0.5),
+            at(0.99)
+        );
+    }
+    println!("\nRecords rendered in advance after the warm run: {:.1} MB.", prepared.bytes() as f64 / 1e6);
 }
 
 /// Times `work` (warm-up, then at least 50 runs or 2 s) and prints a table row.

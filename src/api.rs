@@ -47,6 +47,8 @@ pub struct AppState {
     pub cache: Arc<discovery::ResponseCache>,
     /// The discovery filter index, kept in step with the registry's view.
     pub filters: Arc<crate::query::index::Indexer>,
+    /// Records rendered for JSON answers, by the include flags asked.
+    pub prepared: Arc<render::json::PreparedCache>,
     /// The capability search index, kept in step with the registry's view.
     pub search: Arc<crate::search::Engine>,
     /// Every metric family `/metrics` serves, and the discovery counters the request path updates.
@@ -89,6 +91,7 @@ impl AppState {
             registry,
             cache: Arc::default(),
             filters: Arc::default(),
+            prepared: Arc::default(),
             search: Arc::default(),
             metrics,
             watch,

@@ -158,7 +158,7 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
             None => select(&snapshot.entries, query, now, thresholds),
         };
         let body = match query.format {
-            Format::Json => render::json::render(&sel, query, now),
+            Format::Json => render::json::render_prepared(&sel, query, now, &app.prepared),
             Format::Compact => render::compact::render(&sel, now),
             Format::Xml => render::xml::render(&sel, query, now),
         };

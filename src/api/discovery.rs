@@ -1,8 +1,8 @@
 //! `GET /api/v1/discovery/capabilities` and its response cache.
 //!
-//! A miss is computed at most `DISCOVERY_CONCURRENCY` at a time (inside `block_in_place`, so the
-//! runtime keeps serving heartbeats and cache hits meanwhile), and a burst of identical misses is
-//! computed once.
+//! A miss is computed at most `DISCOVERY_CONCURRENCY` at a time (the costly ones inside
+//! `block_in_place`, so the runtime keeps serving heartbeats and cache hits meanwhile), and a burst of
+//! identical misses is computed once.
 //!
 //! The cache never serves a result that misses a change: an entry is tagged with the snapshot
 //! generation (bumped by every registration and removal) and the registry's health epoch (bumped when a
@@ -147,8 +147,7 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
     if let Some(hit) = app.cache.get(&key, tag, now) {
         return Ok((hit, true));
     }
-    // Tens of microseconds to milliseconds of CPU: let the runtime move other tasks off this worker.
-    let (body, valid_until, total_agents, returned) = off_the_worker(|| {
+    let compute = || {
         // The filter index answers; an id allow-list, or an index another request is bringing up to
         // date right now, is answered by the scan (the same answer).
         let index = if query.ids.is_empty() { app.filters.index(&snapshot) } else { None };
@@ -163,7 +162,17 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
             Format::Xml => render::xml::render(&sel, query, now),
         };
         (body, sel.valid_until, sel.total_agents, sel.page.len())
-    });
+    };
+    // A JSON or compact page from an up-to-date filter index and the prepared records is a fraction
+    // of a millisecond: handing the worker's other tasks to another thread would cost more than it.
+    // XML, the filters that read cards or the whole view, and bringing the index up to date can take
+    // milliseconds: let the runtime move other tasks off this worker meanwhile.
+    let index_current = app.filters.current().is_some_and(|i| i.generation() == snapshot.generation);
+    let light = matches!(query.format, Format::Json | Format::Compact)
+        && !query.needs_card()
+        && query.version.is_none()
+        && (index_current || !query.ids.is_empty());
+    let (body, valid_until, total_agents, returned) = if light { compute() } else { off_the_worker(compute) };
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
     let cached = Cached { body: Bytes::from(body), format: query.format, expires, total_agents, returned };

@@ -290,10 +290,62 @@ mod erased {
     }
 }
 
+/// Hashes a record's address (already unique per live record): one multiplication, not SipHash.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|&b| self.write_u64(u64::from(b)));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+}
+
+type ByAddress = HashMap<(usize, u8), Arc<Prepared>, std::hash::BuildHasherDefault<AddressHasher>>;
+
 #[derive(Default)]
 struct PreparedMap {
-    map: HashMap<(usize, u8), Arc<Prepared>>,
+    map: ByAddress,
     bytes: usize,
+}
+
+impl PreparedMap {
+    /// Makes room for `size` more bytes: drops about a quarter of what is held, in the map's
+    /// (arbitrary) order, once the bound would be passed.
+    fn make_room(&mut self, size: usize) {
+        if self.bytes + size <= RENDER_CACHE_BYTES {
+            return;
+        }
+        let target = RENDER_CACHE_BYTES * 3 / 4;
+        let mut freed = 0;
+        let mut gone = Vec::new();
+        for (k, v) in &self.map {
+            if self.bytes - freed <= target {
+                break;
+            }
+            freed += v.bytes();
+            gone.push(*k);
+        }
+        for k in gone {
+            self.map.remove(&k);
+        }
+        self.bytes -= freed;
+    }
 }
 
 /// Records rendered for the include flags they were asked with, bounded by `RENDER_CACHE_BYTES`:
@@ -309,51 +361,56 @@ impl PreparedCache {
         self.state.lock().map(|s| s.bytes).unwrap_or(0)
     }
 
-    fn get(&self, entry: &Entry, q: &Query, bits: u8) -> Arc<Prepared> {
+    /// The prepared form of each record of a page: those held are taken under one lock, the others
+    /// made outside it and then kept.
+    fn page(&self, page: &[Hit<'_>], q: &Query) -> Vec<Arc<Prepared>> {
+        let bits = include_bits(q);
         // Looked up by the record's address, and taken only when it is of the same record version
         // (an address can be reused by another record once the first is gone).
-        let key = (entry as *const Entry as usize, bits);
-        if let Some(hit) = self.state.lock().ok().and_then(|s| s.map.get(&key).cloned()) {
-            if hit.seq == entry.seq && hit.key == entry.key {
-                return hit;
+        let key = |entry: &Entry| (entry as *const Entry as usize, bits);
+        let mut found: Vec<Option<Arc<Prepared>>> = match self.state.lock() {
+            Ok(state) => page
+                .iter()
+                .map(|h| {
+                    state
+                        .map
+                        .get(&key(h.entry))
+                        .filter(|p| p.seq == h.entry.seq && p.key == h.entry.key)
+                        .cloned()
+                })
+                .collect(),
+            Err(_) => vec![None; page.len()],
+        };
+        let mut made = Vec::new();
+        for (slot, hit) in found.iter_mut().zip(page) {
+            if slot.is_none() {
+                let prepared = Arc::new(Prepared::new(hit.entry, q));
+                made.push((key(hit.entry), prepared.clone()));
+                *slot = Some(prepared);
             }
         }
-        let prepared = Arc::new(Prepared::new(entry, q));
-        let size = prepared.bytes();
-        if size > RENDER_CACHE_BYTES / 64 {
-            return prepared;
-        }
-        if let Ok(mut state) = self.state.lock() {
-            if state.bytes + size > RENDER_CACHE_BYTES {
-                // Drop about a quarter, in the map's (arbitrary) order.
-                let target = RENDER_CACHE_BYTES * 3 / 4;
-                let mut freed = 0;
-                let mut gone = Vec::new();
-                for (k, v) in &state.map {
-                    if state.bytes - freed <= target {
-                        break;
+        if !made.is_empty() {
+            if let Ok(mut state) = self.state.lock() {
+                for (k, prepared) in made {
+                    let size = prepared.bytes();
+                    if size > RENDER_CACHE_BYTES / 64 {
+                        continue;
                     }
-                    freed += v.bytes();
-                    gone.push(*k);
+                    state.make_room(size);
+                    if let Some(old) = state.map.insert(k, prepared) {
+                        state.bytes -= old.bytes();
+                    }
+                    state.bytes += size;
                 }
-                for k in gone {
-                    state.map.remove(&k);
-                }
-                state.bytes -= freed;
             }
-            if let Some(old) = state.map.insert(key, prepared.clone()) {
-                state.bytes -= old.bytes();
-            }
-            state.bytes += size;
         }
-        prepared
+        found.into_iter().flatten().collect()
     }
 }
 
 /// The same bytes as [`render`], from records prepared once per set of include flags.
 pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &PreparedCache) -> Vec<u8> {
-    let bits = include_bits(q);
-    let prepared: Vec<Arc<Prepared>> = sel.page.iter().map(|h| cache.get(h.entry, q, bits)).collect();
+    let prepared = cache.page(&sel.page, q);
     let mut out = Vec::with_capacity(256 + prepared.iter().map(|p| p.bytes()).sum::<usize>());
     out.extend_from_slice(br#"{"discovered_at":"#);
     out.extend_from_slice(&erased::Json::bytes(&rfc3339(now)));
@@ -461,13 +518,20 @@ mod tests {
             AgentCard::from_json(json.to_string().as_bytes()).unwrap()
         };
         let old = Entry::new(key.clone(), 1, &card("http://old"), Origin::Remote, 0);
-        let first = cache.get(&old, &q, include_bits(&q));
+        let hit = |entry| Hit {
+            entry,
+            health: crate::registry::health::Health::Unknown,
+            last_heartbeat: None,
+            reasoners: vec![],
+            skills: vec![],
+        };
+        let first = cache.page(&[hit(&old)], &q).remove(0);
         assert!(String::from_utf8_lossy(&first.head).contains("http://old"));
         // Another version of the record at the address the old one had (a freed allocation reused).
         let new = Entry::new(key, 2, &card("http://new"), Origin::Remote, 0);
         let address = (&new as *const Entry as usize, include_bits(&q));
         cache.state.lock().unwrap().map.insert(address, first);
-        let served = cache.get(&new, &q, include_bits(&q));
+        let served = cache.page(&[hit(&new)], &q).remove(0);
         assert!(String::from_utf8_lossy(&served.head).contains("http://new"));
         assert_eq!(served.seq, 2);
     }

@@ -316,35 +316,41 @@ impl std::hash::Hasher for AddressHasher {
     }
 }
 
-type ByAddress = HashMap<(usize, u8), Arc<Prepared>, std::hash::BuildHasherDefault<AddressHasher>>;
+type ByAddress = HashMap<(usize, u8), (Arc<Prepared>, u64), std::hash::BuildHasherDefault<AddressHasher>>;
 
 #[derive(Default)]
 struct PreparedMap {
     map: ByAddress,
+    /// Keys in the order they were inserted, with the insertion number: the oldest go first.
+    order: std::collections::VecDeque<((usize, u8), u64)>,
+    inserted: u64,
     bytes: usize,
 }
 
 impl PreparedMap {
-    /// Makes room for `size` more bytes: drops about a quarter of what is held, in the map's
-    /// (arbitrary) order, once the bound would be passed.
-    fn make_room(&mut self, size: usize) {
-        if self.bytes + size <= RENDER_CACHE_BYTES {
-            return;
-        }
-        let target = RENDER_CACHE_BYTES * 3 / 4;
-        let mut freed = 0;
-        let mut gone = Vec::new();
-        for (k, v) in &self.map {
-            if self.bytes - freed <= target {
-                break;
+    /// Keeps `prepared` under `key`, dropping the oldest records while the bound would be passed.
+    fn insert(&mut self, key: (usize, u8), prepared: Arc<Prepared>) {
+        let size = prepared.bytes();
+        while self.bytes + size > RENDER_CACHE_BYTES {
+            let Some((old, number)) = self.order.pop_front() else { break };
+            // A key inserted again since is further back in the queue: only its last insertion counts.
+            if self.map.get(&old).is_some_and(|(_, n)| *n == number) {
+                if let Some((gone, _)) = self.map.remove(&old) {
+                    self.bytes -= gone.bytes();
+                }
             }
-            freed += v.bytes();
-            gone.push(*k);
         }
-        for k in gone {
-            self.map.remove(&k);
+        self.inserted += 1;
+        if let Some((old, _)) = self.map.insert(key, (prepared, self.inserted)) {
+            self.bytes -= old.bytes();
         }
-        self.bytes -= freed;
+        self.order.push_back((key, self.inserted));
+        self.bytes += size;
+        // Keys inserted again leave stale queue slots behind; bound the queue by the map.
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.order.retain(|(k, n)| map.get(k).is_some_and(|(_, m)| m == n));
+        }
     }
 }
 
@@ -372,11 +378,8 @@ impl PreparedCache {
             Ok(state) => page
                 .iter()
                 .map(|h| {
-                    state
-                        .map
-                        .get(&key(h.entry))
-                        .filter(|p| p.seq == h.entry.seq && p.key == h.entry.key)
-                        .cloned()
+                    let held = state.map.get(&key(h.entry)).map(|(p, _)| p);
+                    held.filter(|p| p.seq == h.entry.seq && p.key == h.entry.key).cloned()
                 })
                 .collect(),
             Err(_) => vec![None; page.len()],
@@ -392,15 +395,9 @@ impl PreparedCache {
         if !made.is_empty() {
             if let Ok(mut state) = self.state.lock() {
                 for (k, prepared) in made {
-                    let size = prepared.bytes();
-                    if size > RENDER_CACHE_BYTES / 64 {
-                        continue;
+                    if prepared.bytes() <= RENDER_CACHE_BYTES / 64 {
+                        state.insert(k, prepared);
                     }
-                    state.make_room(size);
-                    if let Some(old) = state.map.insert(k, prepared) {
-                        state.bytes -= old.bytes();
-                    }
-                    state.bytes += size;
                 }
             }
         }
@@ -530,9 +527,30 @@ mod tests {
         // Another version of the record at the address the old one had (a freed allocation reused).
         let new = Entry::new(key, 2, &card("http://new"), Origin::Remote, 0);
         let address = (&new as *const Entry as usize, include_bits(&q));
-        cache.state.lock().unwrap().map.insert(address, first);
+        cache.state.lock().unwrap().insert(address, first);
         let served = cache.page(&[hit(&new)], &q).remove(0);
         assert!(String::from_utf8_lossy(&served.head).contains("http://new"));
         assert_eq!(served.seq, 2);
+    }
+
+    #[test]
+    fn the_prepared_records_stay_within_their_bound_oldest_out_first() {
+        let entries = entries();
+        let q = Query::default();
+        let one = Arc::new(Prepared::new(&entries[0], &q));
+        let mut map = PreparedMap::default();
+        let fits = RENDER_CACHE_BYTES / one.bytes();
+        for n in 0..3 * fits {
+            map.insert((n, 0), one.clone());
+            // Insert some keys again: the queue keeps only their last insertion.
+            if n % 7 == 0 {
+                map.insert((n, 0), one.clone());
+            }
+            assert!(map.bytes <= RENDER_CACHE_BYTES);
+        }
+        assert_eq!(map.map.len(), fits);
+        assert_eq!(map.bytes, fits * one.bytes());
+        assert!(map.map.contains_key(&(3 * fits - 1, 0)) && !map.map.contains_key(&(0, 0)), "the oldest went");
+        assert!(map.order.len() <= 2 * map.map.len() + 1024);
     }
 }

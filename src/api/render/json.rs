@@ -550,7 +550,10 @@ mod tests {
         }
         assert_eq!(map.map.len(), fits);
         assert_eq!(map.bytes, fits * one.bytes());
-        assert!(map.map.contains_key(&(3 * fits - 1, 0)) && !map.map.contains_key(&(0, 0)), "the oldest went");
+        assert!(
+            map.map.contains_key(&(3 * fits - 1, 0)) && !map.map.contains_key(&(0, 0)),
+            "the oldest went"
+        );
         assert!(map.order.len() <= 2 * map.map.len() + 1024);
     }
 }

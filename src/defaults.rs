@@ -209,8 +209,8 @@ pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
 pub const BAN_FOR: Duration = Duration::from_secs(600);
 /// Peers asked whether they still reach a peer whose connection closed (failure detection).
 pub const PROBE_HELPERS: usize = 3;
-/// A suspicion with no verdict by then lapses (heartbeat age decides); with evidence of death and no
-/// helper reaching the peer, the peer is declared down then.
+/// A suspicion unsettled by then (no helper reached the peer, the redial has not connected) ends in
+/// a declaration: a live peer's redial connects within round trips.
 pub const SUSPECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a node remembers losing a peer, to answer other nodes' probes about it.
 pub const LOST_MEMORY: Duration = Duration::from_secs(10);

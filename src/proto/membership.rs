@@ -4,10 +4,11 @@
 //! millisecond or so. A close alone proves little (one flaky link, one restarted router), so the node
 //! that saw it only *suspects* the peer: it asks up to [`PROBE_HELPERS`] other connected peers whether
 //! they still reach it, and it redials it. It declares the peer down when no helper reaches it and there
-//! is evidence of death: a helper lost it too, or the redial failed. A helper that still reaches it, or
-//! a new connection, clears the suspicion; with no evidence either way by [`SUSPECT_TIMEOUT`] the
-//! suspicion lapses and heartbeat age decides, as it always did. A host that goes silent without
-//! closing anything (no FIN) is left to heartbeat age and ping timeouts.
+//! is evidence of death: a helper lost it too, or the redial failed, or the redial has not connected by
+//! [`SUSPECT_TIMEOUT`] (a host that vanished with its process, as a killed container does, leaves a dial
+//! to the kernel's neighbour timeout, about 3 s). A helper that still reaches it, or a new connection,
+//! clears the suspicion. A host that goes silent without closing anything (no FIN) is left to
+//! heartbeat age and ping timeouts.
 //!
 //! The declaration is gossiped, signed by the node that makes it, so that nodes not connected to the
 //! peer learn it too; a live node that hears itself declared down refutes it at once with a fresh
@@ -158,8 +159,8 @@ impl Membership {
         self.decide(peer, false)
     }
 
-    /// Lapses suspicions at `SUSPECT_TIMEOUT`: declared if there is evidence and no helper reached the
-    /// peer (some did not answer in time), forgotten otherwise.
+    /// Settles suspicions at `SUSPECT_TIMEOUT`: no helper reached the peer (some did not answer in
+    /// time) and the redial has not connected, so the peer is declared down.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
         let timeout = SUSPECT_TIMEOUT.as_millis() as Millis;
         let mut due: Vec<PeerId> =
@@ -170,16 +171,16 @@ impl Membership {
     }
 
     /// Declares `target` once every helper answered without reaching it and there is evidence; at the
-    /// timeout, with whatever answers came.
+    /// timeout, unless a helper reached it or the redial connected (either clears the suspicion).
     fn decide(&mut self, target: PeerId, timed_out: bool) -> Vec<Action> {
         let Some(s) = self.suspects.get(&target) else { return Vec::new() };
-        let all_answered = s.answered >= s.asked;
-        if s.evidence && (all_answered || timed_out) {
+        // At the timeout, a redial that has not connected is evidence too: a live process on a live
+        // host answers a dial within round trips, while a host that vanished with its process (a
+        // killed container, whose address goes with it) leaves the dial to the kernel's neighbour
+        // timeout, seconds later.
+        if timed_out || (s.evidence && s.answered >= s.asked) {
             self.suspects.remove(&target);
             return vec![Action::Declare(target)];
-        }
-        if timed_out {
-            self.suspects.remove(&target);
         }
         Vec::new()
     }
@@ -248,18 +249,21 @@ mod tests {
     }
 
     #[test]
-    fn a_reconnected_peer_is_cleared_and_no_evidence_means_no_alarm() {
+    fn a_reconnected_peer_is_cleared_and_a_redial_that_hangs_is_evidence() {
         let mut m = with_peers(4);
         let x = peer(1);
         m.closed(x, true, 0, &mut rng());
         m.connected(x);
         assert!(m.dial_failed(x).is_empty() && m.tick(10_000).is_empty());
-        // Helpers that know nothing, a redial still pending: the suspicion lapses unannounced.
+        // Helpers that know nothing and a redial that has not connected by the timeout: declared
+        // (the host went away with its address), no sooner.
         m.closed(x, true, 20_000, &mut rng());
         for _ in 0..3 {
             assert!(m.answer(x, Reach::Unknown).is_empty());
         }
-        assert!(m.tick(20_000 + SUSPECT_TIMEOUT.as_millis() as u64).is_empty());
+        let timeout = SUSPECT_TIMEOUT.as_millis() as u64;
+        assert!(m.tick(20_000 + timeout - 1).is_empty());
+        assert_eq!(m.tick(20_000 + timeout), vec![Action::Declare(x)]);
         assert!(!m.suspects.contains_key(&x));
     }
 

@@ -60,7 +60,7 @@ fn snapshot(cards: &[Value], copies: usize) -> Snapshot {
         }
     }
     entries.sort_by(|a, b| a.key.cmp(&b.key));
-    Snapshot { generation: 1, entries }
+    Snapshot::new(1, entries)
 }
 
 /// Plain BM25 (k1 1.2, b 0.75) over each capability's id, name, description and tags as one field:
@@ -342,7 +342,7 @@ fn speed(cards: &[Value], queries: &[Labelled]) {
     let changed = entries[0].clone();
     let card = AgentCard::from_json(changed.card.json().as_bytes()).expect("card");
     entries[0] = Arc::new(Entry::new(changed.key.clone(), changed.seq + 1, &card, Origin::Remote, 2));
-    let next = Snapshot { generation: 2, entries };
+    let next = Snapshot::new(2, entries);
     let t = Instant::now();
     engine.refresh(&next);
     println!("One changed card re-indexed in {:.2} ms.", t.elapsed().as_secs_f64() * 1e3);

@@ -258,9 +258,17 @@ impl AsRef<Entry> for Entry {
 pub struct Snapshot {
     pub generation: u64,
     pub entries: Vec<Arc<Entry>>,
+    /// Each publisher's entries, as positions in `entries` (so in agent id order), built on first use:
+    /// a heartbeat touches one publisher's records, which are scattered over the agent id order.
+    by_publisher: std::sync::OnceLock<HashMap<PeerId, Vec<u32>>>,
 }
 
 impl Snapshot {
+    /// A view of `entries`, which must be sorted by key.
+    pub fn new(generation: u64, entries: Vec<Arc<Entry>>) -> Self {
+        Self { generation, entries, by_publisher: std::sync::OnceLock::new() }
+    }
+
     /// Every entry with this agent id (one per publisher), local first.
     pub fn by_agent_id(&self, agent_id: &str) -> Vec<&Arc<Entry>> {
         let start = self.entries.partition_point(|e| e.key.agent_id.as_str() < agent_id);
@@ -272,7 +280,25 @@ impl Snapshot {
 
     /// The record of `agent_id` published by `publisher`.
     pub fn get(&self, agent_id: &str, publisher: &PeerId) -> Option<&Arc<Entry>> {
-        self.by_agent_id(agent_id).into_iter().find(|e| e.key.publisher == *publisher)
+        let at = self
+            .entries
+            .binary_search_by(|e| {
+                e.key.agent_id.as_str().cmp(agent_id).then_with(|| e.key.publisher.cmp(publisher))
+            })
+            .ok()?;
+        Some(&self.entries[at])
+    }
+
+    /// Every entry `publisher` published, in agent id order.
+    pub fn of_publisher(&self, publisher: &PeerId) -> impl Iterator<Item = &Arc<Entry>> + '_ {
+        let positions = self.by_publisher.get_or_init(|| {
+            let mut map: HashMap<PeerId, Vec<u32>> = HashMap::new();
+            for (i, e) in self.entries.iter().enumerate() {
+                map.entry(e.key.publisher).or_default().push(i as u32);
+            }
+            map
+        });
+        positions.get(publisher).into_iter().flatten().map(|&i| &self.entries[i as usize])
     }
 }
 
@@ -405,7 +431,7 @@ impl Registry {
         drop(store);
         release_free_memory();
         let store = Store::reopen(dir)?;
-        let snapshot = Snapshot { generation: 1, entries: map.values().cloned().collect() };
+        let snapshot = Snapshot::new(1, map.values().cloned().collect());
         if report.local > limits.per_publisher {
             return Err(RegistryError::StoreOverLimit { held: report.local, limit: limits.per_publisher });
         }
@@ -731,7 +757,7 @@ impl Registry {
 
     fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
         let generation = self.snapshot.load().generation + 1;
-        self.snapshot.store(Arc::new(Snapshot { generation, entries: map.values().cloned().collect() }));
+        self.snapshot.store(Arc::new(Snapshot::new(generation, map.values().cloned().collect())));
     }
 
     /// Records a heartbeat from a local agent. Returns its health after the heartbeat.

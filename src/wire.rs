@@ -7,6 +7,8 @@
 //! [`open`] checks size, version, publisher key and signature before it decodes the body: nothing a peer
 //! sends is interpreted until its signature verifies. Pure: no I/O, no clock.
 
+use std::collections::HashMap;
+
 use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -366,12 +368,34 @@ pub fn parse(bytes: &[u8]) -> Result<Sealed, WireError> {
     Ok(Sealed { kind, publisher, key, body: env.body.into_vec(), sig: env.sig.into_vec() })
 }
 
+/// Publisher keys kept decompressed, per thread, at most (the cache is emptied when full). Reading a
+/// key from a PeerId decompresses a curve point twice (libp2p's key, then dalek's), about a third of
+/// what checking a signature costs, and a mesh has few publishers that each send many messages.
+pub const KEY_CACHE: usize = 1024;
+
 /// The Ed25519 key of an Ed25519 PeerId. Keys of small order are refused: anyone can make a signature
 /// that such a key "verifies", and batch verification must never meet one.
 fn verifying_key(publisher: &PeerId) -> Option<ed25519_dalek::VerifyingKey> {
+    thread_local! {
+        static KEYS: std::cell::RefCell<HashMap<PeerId, ed25519_dalek::VerifyingKey>> =
+            std::cell::RefCell::new(HashMap::new());
+    }
+    if let Some(key) = KEYS.with(|keys| keys.borrow().get(publisher).copied()) {
+        return Some(key);
+    }
     let key = public_key(publisher)?.try_into_ed25519().ok()?;
     let key = ed25519_dalek::VerifyingKey::from_bytes(&key.to_bytes()).ok()?;
-    (!key.is_weak()).then_some(key)
+    if key.is_weak() {
+        return None;
+    }
+    KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if keys.len() >= KEY_CACHE {
+            keys.clear();
+        }
+        keys.insert(*publisher, key);
+    });
+    Some(key)
 }
 
 impl Sealed {

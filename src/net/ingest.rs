@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use super::Counters;
 use crate::clock::now_millis;
+use crate::defaults::INGEST_SEEN;
 use crate::proto::reconcile::{record_id, RecordId};
 use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
 use crate::wire::{self, Message, WireError};
@@ -21,12 +22,68 @@ pub enum Inbound {
     /// A gossip message awaiting its verdict.
     Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
     /// Signed messages from a sync response (any publisher's cards, or a heartbeat or the chunks that
-    /// carry an agent list).
-    Signed { from: PeerId, messages: Vec<ByteBuf>, span: tracing::Span },
+    /// carry an agent list), with the records it was asked for when it answers a fetch (all settled
+    /// once it is applied).
+    Signed { from: PeerId, messages: Vec<ByteBuf>, fetched: Vec<RecordId>, span: tracing::Span },
+}
+
+/// Card messages applied lately, by a keyed hash of their bytes (at most `INGEST_SEEN`, oldest
+/// forgotten first). A message seen before is dropped before its signatures are checked: a match can
+/// only drop a message, never admit one, and the key is this process's own, so nobody can aim a
+/// collision at it.
+pub struct Seen {
+    hasher: std::hash::RandomState,
+    set: HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            hasher: std::hash::RandomState::new(),
+            set: HashSet::new(),
+            order: std::collections::VecDeque::new(),
+        }
+    }
+}
+
+impl Seen {
+    fn hash(&self, message: &[u8]) -> u64 {
+        use std::hash::BuildHasher as _;
+        self.hasher.hash_one(message)
+    }
+
+    fn contains(&self, hash: u64) -> bool {
+        self.set.contains(&hash)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        if self.set.insert(hash) {
+            if self.order.len() >= INGEST_SEEN {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.set.remove(&oldest);
+                }
+            }
+            self.order.push_back(hash);
+        }
+    }
 }
 
 /// Sync answers at least this long are opened on every core (below it, starting threads costs more).
 const OPEN_IN_PARALLEL_FROM: usize = 32;
+
+/// Queued work taken at once at most. Gossip messages taken together are opened together (their
+/// signatures in one batch) and their cards applied as one registry batch: one view update for the lot
+/// instead of one per card. An idle node takes each message as it comes, so batches form only under
+/// load, when they pay.
+pub const INGEST_BATCH: usize = 256;
+
+/// A gossip message awaiting its verdict.
+pub struct GossipMessage {
+    pub message_id: MessageId,
+    pub source: PeerId,
+    pub data: Vec<u8>,
+}
 
 /// What the worker asks of the event loop.
 pub enum Verdict {
@@ -94,47 +151,186 @@ pub async fn run(
     counters: Arc<Counters>,
     policy: Policy,
 ) {
-    while let Some(item) = inbox.recv().await {
-        match item {
-            Inbound::Gossip { message_id, source, data } => {
-                let span =
-                    tracing::info_span!("ingest", from = %source, source = "gossip", bytes = data.len());
-                let acceptance =
-                    handle(&registry, &data, source, &policy, &counters, &verdicts).instrument(span).await;
-                if verdicts.send(Verdict::Validate { message_id, source, acceptance }).await.is_err() {
-                    return;
+    let mut items = Vec::with_capacity(INGEST_BATCH);
+    let mut gossip: Vec<GossipMessage> = Vec::with_capacity(INGEST_BATCH);
+    let mut seen = Seen::default();
+    while inbox.recv_many(&mut items, INGEST_BATCH).await > 0 {
+        // In arrival order: gossip that came before a sync answer is applied before it.
+        for item in items.drain(..) {
+            match item {
+                Inbound::Gossip { message_id, source, data } => {
+                    gossip.push(GossipMessage { message_id, source, data });
+                }
+                Inbound::Signed { from, messages, fetched, span } => {
+                    if !judge_gossip(&registry, &mut gossip, &mut seen, &policy, &counters, &verdicts).await {
+                        return;
+                    }
+                    // A child of the sync exchange that brought the messages, so a log follows both.
+                    let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
+                    let answer = Answer { from, messages, fetched };
+                    apply_signed(&registry, answer, &mut seen, &policy, &counters, &verdicts)
+                        .instrument(span)
+                        .await;
                 }
             }
-            Inbound::Signed { from, messages, span } => {
-                // A child of the sync exchange that brought the messages, so a log follows both.
-                let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
-                apply_signed(&registry, messages, from, &policy, &counters, &verdicts).instrument(span).await;
+        }
+        if !judge_gossip(&registry, &mut gossip, &mut seen, &policy, &counters, &verdicts).await {
+            return;
+        }
+    }
+}
+
+/// Applies the gossip messages taken so far and hands each one's verdict to the event loop. False when
+/// the event loop is gone.
+async fn judge_gossip(
+    registry: &Registry,
+    gossip: &mut Vec<GossipMessage>,
+    seen: &mut Seen,
+    policy: &Policy,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) -> bool {
+    if gossip.is_empty() {
+        return true;
+    }
+    let span = tracing::info_span!("ingest", source = "gossip", messages = gossip.len());
+    let acceptances = apply_gossip(registry, gossip, seen, policy, counters, verdicts).instrument(span).await;
+    for (message, acceptance) in gossip.drain(..).zip(acceptances) {
+        let verdict =
+            Verdict::Validate { message_id: message.message_id, source: message.source, acceptance };
+        if verdicts.send(verdict).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Applies gossip messages in order, each judged on its own: their signatures are checked in one
+/// batch, and runs of cards are applied as one registry batch. Whoever relayed a message, only its own
+/// signature says who published it: gossip carries no second signature (see `net`), so a relay is
+/// trusted for nothing.
+async fn apply_gossip(
+    registry: &Registry,
+    messages: &[GossipMessage],
+    seen: &mut Seen,
+    policy: &Policy,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) -> Vec<MessageAcceptance> {
+    let mut acceptances = vec![MessageAcceptance::Ignore; messages.len()];
+    let hashes: Vec<u64> = messages.iter().map(|m| seen.hash(&m.data)).collect();
+    let mut parsed = Vec::with_capacity(messages.len());
+    let mut at = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        if seen.contains(hashes[i]) {
+            // Applied already (fetched, most likely): nothing new, and not forwarded.
+            counters.update(|c| c.ignored += 1);
+            continue;
+        }
+        match wire::parse(&message.data) {
+            Ok(sealed) => {
+                parsed.push(sealed);
+                at.push(i);
+            }
+            Err(error) => acceptances[i] = fail(error, message.source, counters),
+        }
+    }
+    // Cards wait in `run` until a message of another kind, so that order is kept.
+    let mut run: Vec<(usize, (String, PeerId), Update)> = Vec::new();
+    for (i, opened) in at.into_iter().zip(open_all(parsed, policy)) {
+        let message = &messages[i];
+        match opened {
+            Err(refusal) => acceptances[i] = refusal.count(message.source, counters),
+            Ok(wire::Verified { publisher, message: Message::Card { body, card }, sig })
+                if publisher != policy.me =>
+            {
+                let (key, update) = card_update(publisher, body, *card, sig);
+                run.push((i, key, update));
+            }
+            Ok(verified) => {
+                apply_cards(registry, &mut run, &hashes, seen, &mut acceptances, counters).await;
+                acceptances[i] = apply_verified(
+                    registry,
+                    verified,
+                    &message.data,
+                    message.source,
+                    policy,
+                    counters,
+                    verdicts,
+                )
+                .await;
             }
         }
     }
+    apply_cards(registry, &mut run, &hashes, seen, &mut acceptances, counters).await;
+    acceptances
+}
+
+/// Applies a run of gossiped cards as one registry batch, each with its own verdict.
+async fn apply_cards(
+    registry: &Registry,
+    run: &mut Vec<(usize, (String, PeerId), Update)>,
+    hashes: &[u64],
+    seen: &mut Seen,
+    acceptances: &mut [MessageAcceptance],
+    counters: &Counters,
+) {
+    if run.is_empty() {
+        return;
+    }
+    let (slots, updates): (Vec<_>, Vec<_>) = run.drain(..).map(|(i, key, update)| ((i, key), update)).unzip();
+    let results = registry.apply_many(updates, now_millis()).await;
+    for ((i, (agent_id, publisher)), result) in slots.into_iter().zip(results) {
+        if taken(&result) {
+            seen.insert(hashes[i]);
+        }
+        acceptances[i] = tally(counters, publisher, card_applied(&agent_id, publisher, result));
+    }
+}
+
+/// Whether a verified card's application leaves nothing to gain from seeing the same message again:
+/// it was applied, or this node holds it or a newer version. (Over a limit, or a store error, it may
+/// be taken later.)
+fn taken(result: &Result<Applied, RegistryError>) -> bool {
+    matches!(result, Ok(Applied::Created { .. } | Applied::Updated { .. } | Applied::Stale { .. }))
 }
 
 /// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
 /// view update and one store batch for hundreds of cards), the chunks of a long agent list together
 /// once all are there, anything else one by one. Each message is read once.
+/// A sync answer for the ingest worker.
+struct Answer {
+    from: PeerId,
+    messages: Vec<ByteBuf>,
+    /// The records asked for, when it answers a fetch.
+    fetched: Vec<RecordId>,
+}
+
 async fn apply_signed(
     registry: &Registry,
-    messages: Vec<ByteBuf>,
-    from: PeerId,
+    answer: Answer,
+    seen: &mut Seen,
     policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) {
+    let Answer { from, messages, fetched } = answer;
     let started = std::time::Instant::now();
     let count = messages.len();
     let mut rejected = 0u32;
+    let mut repeated = 0usize;
     let mut parsed = Vec::with_capacity(messages.len());
     let mut raw = Vec::with_capacity(messages.len());
     for message in messages {
+        let hash = seen.hash(&message);
+        if seen.contains(hash) {
+            repeated += 1;
+            continue;
+        }
         match wire::parse(&message) {
             Ok(sealed) => {
                 parsed.push(sealed);
-                raw.push(message);
+                raw.push((message, hash));
             }
             Err(error) => {
                 fail(error, from, counters);
@@ -146,7 +342,7 @@ async fn apply_signed(
     let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
     let opened = open_all(parsed, policy);
     let opened_at = started.elapsed();
-    for (opened, message) in opened.into_iter().zip(raw) {
+    for (opened, (message, hash)) in opened.into_iter().zip(raw) {
         let verified = match opened {
             Ok(verified) => verified,
             Err(refusal) => {
@@ -159,7 +355,7 @@ async fn apply_signed(
             wire::Verified { publisher, message: Message::Card { body, card }, sig }
                 if publisher != policy.me =>
             {
-                cards.push(card_update(publisher, body, *card, sig));
+                cards.push((card_update(publisher, body, *card, sig), hash));
             }
             wire::Verified { publisher, message: Message::ListChunk(chunk), .. }
                 if publisher != policy.me =>
@@ -173,24 +369,33 @@ async fn apply_signed(
             }
         }
     }
+    // Applied or not, the records fetched and those that came are no longer being fetched: what is
+    // still missing (a card a tombstone hid until the publisher came back, or one the peer no longer
+    // held) may be asked for again at once.
+    let mut settled = fetched;
     if !cards.is_empty() {
-        let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
-        let settled: Vec<RecordId> = keys
-            .iter()
-            .zip(&updates)
-            .filter_map(|((agent_id, publisher), update)| match update {
+        let (keyed, hashes): (Vec<_>, Vec<u64>) = cards.into_iter().unzip();
+        let (keys, updates): (Vec<_>, Vec<_>) = keyed.into_iter().unzip();
+        settled.extend(keys.iter().zip(&updates).filter_map(
+            |((agent_id, publisher), update)| match update {
                 Update::Upsert { seq, .. } => Some(record_id(publisher, agent_id, *seq)),
                 _ => None,
-            })
-            .collect();
+            },
+        ));
         let results = registry.apply_many(updates, now_millis()).await;
-        // Applied or not, these are no longer being fetched: what is still missing (a card a tombstone
-        // hid until the publisher came back, say) may be asked for again at once.
-        let _ = verdicts.try_send(Verdict::Settled(settled));
-        for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
+        for (((agent_id, publisher), result), hash) in keys.into_iter().zip(results).zip(hashes) {
+            if taken(&result) {
+                seen.insert(hash);
+            }
             let acceptance = tally(counters, publisher, card_applied(&agent_id, publisher, result));
             rejected += u32::from(acceptance == MessageAcceptance::Reject);
         }
+    }
+    if !settled.is_empty() {
+        let _ = verdicts.try_send(Verdict::Settled(settled));
+    }
+    if repeated > 0 {
+        counters.update(|c| c.ignored += repeated as u64);
     }
     for (publisher, chunks) in chunks {
         let acceptance = apply_list(registry, publisher, chunks, from, counters, verdicts);
@@ -199,6 +404,7 @@ async fn apply_signed(
     tracing::debug!(
         %from,
         messages = count,
+        repeated,
         rejected,
         open_us = opened_at.as_micros() as u64,
         apply_us = (started.elapsed() - opened_at).as_micros() as u64,
@@ -360,22 +566,6 @@ fn fail(error: WireError, from: PeerId, counters: &Counters) -> MessageAcceptanc
     reject(counters, error.reason())
 }
 
-/// Opens (verifies, then decodes) a message and checks its publisher against the policy; a failure is
-/// counted by reason and answered `Reject`.
-fn open(
-    data: &[u8],
-    from: PeerId,
-    policy: &Policy,
-    counters: &Counters,
-) -> Result<wire::Verified, MessageAcceptance> {
-    let sealed = wire::parse(data).map_err(|error| fail(error, from, counters))?;
-    match open_batch(vec![sealed], policy).pop() {
-        Some(Ok(verified)) => Ok(verified),
-        Some(Err(refusal)) => Err(refusal.count(from, counters)),
-        None => Err(fail(WireError::Malformed("nothing decoded".into()), from, counters)),
-    }
-}
-
 /// The update a verified card makes, with the record it names.
 fn card_update(
     publisher: PeerId,
@@ -434,22 +624,6 @@ fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryE
             counters.update(|c| c.ignored += 1);
             MessageAcceptance::Ignore
         }
-    }
-}
-
-/// Verifies one message and applies it. Whoever relayed it, only its own signature says who published
-/// it: gossip carries no second signature (see `net`), so a relay is trusted for nothing.
-async fn handle(
-    registry: &Registry,
-    data: &[u8],
-    from: PeerId,
-    policy: &Policy,
-    counters: &Counters,
-    verdicts: &mpsc::Sender<Verdict>,
-) -> MessageAcceptance {
-    match open(data, from, policy, counters) {
-        Ok(verified) => apply_verified(registry, verified, data, from, policy, counters, verdicts).await,
-        Err(acceptance) => acceptance,
     }
 }
 
@@ -516,7 +690,7 @@ mod tests {
         registry: Registry,
         counters: Counters,
         verdicts: mpsc::Sender<Verdict>,
-        _rx: mpsc::Receiver<Verdict>,
+        rx: mpsc::Receiver<Verdict>,
         policy: Policy,
         _dir: tempfile::TempDir,
     }
@@ -532,20 +706,34 @@ mod tests {
             let me = key.public().to_peer_id();
             let (registry, _) =
                 Registry::open_checked(dir.path(), key, Thresholds::default(), limits, false).unwrap();
-            let (verdicts, _rx) = mpsc::channel(16);
+            let (verdicts, rx) = mpsc::channel(16);
             Self {
                 registry,
                 counters: Counters::default(),
                 verdicts,
-                _rx,
+                rx,
                 policy: Policy::open_mesh(me),
                 _dir: dir,
             }
         }
 
         async fn gossip(&self, data: &[u8], relay: &Keypair) -> MessageAcceptance {
-            let relay = relay.public().to_peer_id();
-            handle(&self.registry, data, relay, &self.policy, &self.counters, &self.verdicts).await
+            let message = GossipMessage {
+                message_id: MessageId::new(&[0]),
+                source: relay.public().to_peer_id(),
+                data: data.to_vec(),
+            };
+            let mut seen = Seen::default();
+            let accepted = apply_gossip(
+                &self.registry,
+                &[message],
+                &mut seen,
+                &self.policy,
+                &self.counters,
+                &self.verdicts,
+            )
+            .await;
+            accepted[0]
         }
 
         fn view(&self) -> Vec<(String, u64)> {
@@ -565,6 +753,126 @@ mod tests {
             key,
             &CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() },
         )
+    }
+
+    /// Gossip taken from the queue together: every message gets its own verdict, in order, a forgery
+    /// among them is rejected alone, a tombstone between two cards of one agent applies between them,
+    /// and a run of cards is one view update.
+    #[tokio::test]
+    async fn gossip_taken_together_is_judged_message_by_message_and_applied_in_order() {
+        let h = Harness::new();
+        let honest = Keypair::generate_ed25519();
+        let mallory = Keypair::generate_ed25519();
+        let mut forged = card_msg(&mallory, "f", 1);
+        let honest_id = honest.public().to_peer_id().to_bytes();
+        let mallory_id = mallory.public().to_peer_id().to_bytes();
+        let at = forged.windows(mallory_id.len()).position(|w| w == mallory_id.as_slice()).unwrap();
+        forged[at..at + honest_id.len()].copy_from_slice(&honest_id);
+        let tombstone =
+            wire::seal_tombstone(&honest, &wire::TombstoneBody { agent_id: Some("t".into()), seq: 2 });
+        let mut data: Vec<Vec<u8>> = (0..100).map(|i| card_msg(&honest, &format!("a{i:03}"), 1)).collect();
+        data.insert(10, forged);
+        data.insert(20, b"\x00garbage".to_vec());
+        data.insert(30, card_msg(&honest, "t", 1));
+        data.insert(31, tombstone);
+        data.insert(32, card_msg(&honest, "t", 3));
+        data.push(card_msg(&honest, "a000", 1));
+        let messages: Vec<GossipMessage> = data
+            .into_iter()
+            .enumerate()
+            .map(|(i, data)| GossipMessage {
+                message_id: MessageId::new(&(i as u32).to_be_bytes()),
+                source: mallory.public().to_peer_id(),
+                data,
+            })
+            .collect();
+        let before = h.registry.snapshot().generation;
+        let mut seen = Seen::default();
+        let verdicts =
+            apply_gossip(&h.registry, &messages, &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(verdicts.len(), messages.len());
+        for (i, verdict) in verdicts.iter().enumerate() {
+            let expected = match i {
+                10 | 20 => MessageAcceptance::Reject,
+                // The same card again at the end of the batch: nothing new.
+                i if i == messages.len() - 1 => MessageAcceptance::Ignore,
+                _ => MessageAcceptance::Accept,
+            };
+            assert_eq!(*verdict, expected, "message {i}");
+        }
+        let view = h.view();
+        assert_eq!(view.len(), 101, "100 cards and t");
+        assert!(view.contains(&("t".to_owned(), 3)), "card, tombstone, newer card: applied in order");
+        // The cards before the tombstone, the tombstone, the cards after it: three view updates for
+        // 103 cards and a tombstone.
+        assert_eq!(h.registry.snapshot().generation - before, 3);
+        assert_eq!((h.rejected("bad_signature"), h.counters.get().signature_failures), (1, 1));
+    }
+
+    /// A card that came once is not checked again when the same bytes come back (by gossip after a
+    /// fetch, or from a second peer): it is counted as nothing new. A fetch's records are all settled
+    /// once its answer is applied, those the peer no longer held included, so they may be asked of
+    /// another peer at once.
+    #[tokio::test]
+    async fn a_card_seen_before_is_dropped_unchecked_and_a_fetch_settles_every_record_it_asked_for() {
+        let mut h = Harness::new();
+        let publisher = Keypair::generate_ed25519();
+        let relay = Keypair::generate_ed25519().public().to_peer_id();
+        let a = card_msg(&publisher, "a", 1);
+        let p = publisher.public().to_peer_id();
+        let asked = vec![record_id(&p, "a", 1), record_id(&p, "gone", 7)];
+        let mut seen = Seen::default();
+        let answer = |fetched: Vec<RecordId>| Answer {
+            from: relay,
+            messages: vec![ByteBuf::from(a.clone())],
+            fetched,
+        };
+        apply_signed(&h.registry, answer(asked.clone()), &mut seen, &h.policy, &h.counters, &h.verdicts)
+            .await;
+        assert_eq!(h.view(), vec![("a".to_owned(), 1)]);
+        let counts = h.counters.get();
+        assert_eq!((counts.accepted, counts.ignored), (1, 0));
+        match h.rx.try_recv() {
+            Ok(Verdict::Settled(ids)) => {
+                let ids: HashSet<RecordId> = ids.into_iter().collect();
+                assert_eq!(
+                    ids,
+                    asked.iter().copied().collect::<HashSet<_>>(),
+                    "the record that did not come too"
+                );
+            }
+            _ => panic!("a fetch's records are settled"),
+        }
+        assert!(seen.contains(seen.hash(&a)));
+
+        // The same bytes again: dropped before any check, nothing new. Other bytes are not.
+        apply_signed(&h.registry, answer(Vec::new()), &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+        let message = GossipMessage { message_id: MessageId::new(&[1]), source: relay, data: a.clone() };
+        let verdicts =
+            apply_gossip(&h.registry, &[message], &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(verdicts, vec![MessageAcceptance::Ignore]);
+        let counts = h.counters.get();
+        assert_eq!((counts.accepted, counts.ignored), (1, 2));
+        let newer = GossipMessage {
+            message_id: MessageId::new(&[2]),
+            source: relay,
+            data: card_msg(&publisher, "a", 2),
+        };
+        let verdicts =
+            apply_gossip(&h.registry, &[newer], &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(verdicts, vec![MessageAcceptance::Accept]);
+        assert_eq!(h.view(), vec![("a".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn the_seen_messages_are_bounded_and_the_oldest_go_first() {
+        let mut seen = Seen::default();
+        for i in 0..(INGEST_SEEN as u64 + 10) {
+            seen.insert(i);
+        }
+        assert_eq!((seen.set.len(), seen.order.len()), (INGEST_SEEN, INGEST_SEEN));
+        assert!(!seen.contains(0) && !seen.contains(9) && seen.contains(10));
+        assert!(seen.contains(INGEST_SEEN as u64 + 9));
     }
 
     #[tokio::test]
@@ -715,11 +1023,27 @@ mod tests {
         assert_eq!(chunks.len(), 2);
         // Half a list changes nothing and blames nobody.
         let messages = |c: &[Vec<u8>]| c.iter().map(|m| ByteBuf::from(m.clone())).collect::<Vec<_>>();
-        apply_signed(&h.registry, messages(&chunks[..1]), relay, &h.policy, &h.counters, &h.verdicts).await;
+        apply_signed(
+            &h.registry,
+            Answer { from: relay, messages: messages(&chunks[..1]), fetched: Vec::new() },
+            &mut Seen::default(),
+            &h.policy,
+            &h.counters,
+            &h.verdicts,
+        )
+        .await;
         assert!(rx.try_recv().is_err());
         assert_eq!(h.registry.signed_list(&p), None);
         // The whole list: installed, the held agent refreshed, the others pulled.
-        apply_signed(&h.registry, messages(&chunks), relay, &h.policy, &h.counters, &h.verdicts).await;
+        apply_signed(
+            &h.registry,
+            Answer { from: relay, messages: messages(&chunks), fetched: Vec::new() },
+            &mut Seen::default(),
+            &h.policy,
+            &h.counters,
+            &h.verdicts,
+        )
+        .await;
         match rx.try_recv() {
             Ok(Verdict::Fetch { ids, .. }) => assert_eq!(ids.len(), wire::LIST_CHUNK_AGENTS),
             _ => panic!("the missing agents are pulled"),
@@ -729,7 +1053,15 @@ mod tests {
         assert!(entry.last_heartbeat(0).is_some());
         // Chunks whose agents do not make their digest: rejected, the relay struck.
         let lying = wire::seal_list_chunks(&publisher, &agents[1..], digest);
-        apply_signed(&h.registry, messages(&lying), relay, &h.policy, &h.counters, &h.verdicts).await;
+        apply_signed(
+            &h.registry,
+            Answer { from: relay, messages: messages(&lying), fetched: Vec::new() },
+            &mut Seen::default(),
+            &h.policy,
+            &h.counters,
+            &h.verdicts,
+        )
+        .await;
         assert!(matches!(rx.try_recv(), Ok(Verdict::Misbehaved { rejected: 1, .. })));
         assert_eq!(h.rejected("bad_list"), 1);
     }

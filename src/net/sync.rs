@@ -103,16 +103,25 @@ impl EventLoop {
             frame_bytes = response.frame.as_ref().map_or(0, |f| f.len()),
             "sync answer"
         );
+        // The records a fetch asked for: the ingest worker settles them all once it has applied the
+        // answer (those the peer no longer held too, so that they may be asked of another at once).
+        let fetched = id.and_then(|id| self.state.fetching(id)).map(<[RecordId]>::to_vec).unwrap_or_default();
+        if !response.cards.is_empty() || !fetched.is_empty() {
+            let inbound =
+                Inbound::Signed { from: peer, messages: response.cards, fetched, span: span.clone() };
+            if self.ingest.try_send(inbound).is_err() {
+                tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
+                // As if never answered: its records are free to be asked again.
+                if let Some(id) = id {
+                    self.handle(Event::Failed { id });
+                }
+                return;
+            }
+        }
         if let Some(id) = id {
             let frame = response.frame.map(|f| f.into_vec());
             let reach = response.reach.map(Reach::from_u8);
             self.handle(Event::Answered { id, frame, reach });
-        }
-        if !response.cards.is_empty() {
-            let inbound = Inbound::Signed { from: peer, messages: response.cards, span: span.clone() };
-            if self.ingest.try_send(inbound).is_err() {
-                tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
-            }
         }
     }
 

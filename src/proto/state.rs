@@ -163,6 +163,14 @@ impl State {
         self.bans.banned(now)
     }
 
+    /// The records question `id` fetches, if it is a fetch awaiting its answer.
+    pub fn fetching(&self, id: RequestId) -> Option<&[RecordId]> {
+        match self.asked.get(&id) {
+            Some((_, Asked::Fetch(ids))) => Some(ids),
+            _ => None,
+        }
+    }
+
     /// Questions awaiting their answer.
     pub fn in_flight(&self) -> usize {
         self.asked.len()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
-use super::{Origin, RecordKey, Registry, RegistryError};
+use super::{Entry, Origin, RecordKey, Registry, RegistryError};
 use crate::proto::records::{self, CarriedList, Records};
 use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
@@ -95,15 +95,16 @@ impl Registry {
             return outcome;
         }
         let snapshot = self.snapshot();
+        // The publisher's records held here, by agent id: a heartbeat looks each of its list up.
+        let held: HashMap<&str, &Arc<Entry>> =
+            snapshot.of_publisher(&publisher).map(|e| (e.key.agent_id.as_str(), e)).collect();
         let list = heard.list.unwrap_or_else(|| {
             // A list this node missed: the publisher is alive, so its agents held here stay fresh with
             // the states last heard until the fetched list arrives (a declaration of the publisher down,
             // which this newer heartbeat refutes, is not one of them).
             Arc::new(
                 snapshot
-                    .entries
-                    .iter()
-                    .filter(|e| e.key.publisher == publisher)
+                    .of_publisher(&publisher)
                     .map(|e| HeartbeatAgent {
                         agent_id: e.key.agent_id.clone(),
                         seq: e.seq,
@@ -112,10 +113,10 @@ impl Registry {
                     .collect(),
             )
         });
-        let beats = records::beats(&list, |agent_id| snapshot.get(agent_id, &publisher).map(|e| e.seq));
+        let beats = records::beats(&list, |agent_id| held.get(agent_id).map(|e| e.seq));
         let mut changed = false;
         for (agent_id, reported) in &beats.refresh {
-            if let Some(entry) = snapshot.get(agent_id, &publisher) {
+            if let Some(entry) = held.get(agent_id.as_str()) {
                 changed |= entry.beat_changes_health(heard.at, *reported, &self.thresholds);
             }
         }
@@ -137,7 +138,7 @@ impl Registry {
         }
         let snapshot = self.snapshot();
         let mut marked = 0;
-        for entry in snapshot.entries.iter().filter(|e| e.key.publisher == publisher) {
+        for entry in snapshot.of_publisher(&publisher) {
             entry.down();
             marked += 1;
         }

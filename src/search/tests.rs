@@ -24,7 +24,7 @@ fn entry(publisher: PeerId, card: serde_json::Value, seq: u64) -> Arc<Entry> {
 
 fn snapshot(generation: u64, mut entries: Vec<Arc<Entry>>) -> Snapshot {
     entries.sort_by(|a, b| a.key.cmp(&b.key));
-    Snapshot { generation, entries }
+    Snapshot::new(generation, entries)
 }
 
 fn view(p: PeerId) -> Vec<Arc<Entry>> {

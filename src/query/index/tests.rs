@@ -67,7 +67,7 @@ fn entry(rng: &mut StdRng, id: &str, publisher: PeerId) -> Arc<Entry> {
 
 fn snapshot(generation: u64, mut entries: Vec<Arc<Entry>>) -> Snapshot {
     entries.sort_by(|a, b| a.key.cmp(&b.key));
-    Snapshot { generation, entries }
+    Snapshot::new(generation, entries)
 }
 
 fn random_query(rng: &mut StdRng) -> String {

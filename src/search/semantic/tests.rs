@@ -25,7 +25,7 @@ fn view(cards: &[serde_json::Value], generation: u64) -> Snapshot {
         })
         .collect();
     entries.sort_by(|a, b| a.key.cmp(&b.key));
-    Snapshot { generation, entries }
+    Snapshot::new(generation, entries)
 }
 
 fn cards() -> Vec<serde_json::Value> {

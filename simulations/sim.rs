@@ -774,7 +774,7 @@ impl Sim {
                 let doomed: Vec<RecordKey> = node
                     .view
                     .iter()
-                    .filter(|(k, r)| k.publisher == publisher_peer && r.seq < *seq)
+                    .filter(|(k, r)| k.publisher == publisher_peer && records::left_behind(r.seq, *seq))
                     .map(|(k, _)| k.clone())
                     .collect();
                 for key in &doomed {

@@ -32,6 +32,18 @@ pub fn accepts(held: Option<u64>, incoming: u64) -> bool {
     held.is_none_or(|held| incoming > held)
 }
 
+/// The rule of leaving: a publisher's goodbye at `leave_seq` removes its records held at older seqs (a
+/// card it published after saying goodbye stays).
+pub fn left_behind(held_seq: u64, leave_seq: u64) -> bool {
+    held_seq < leave_seq
+}
+
+/// The rule of eviction: a remote record is evicted once nothing has been heard of it since `horizon`
+/// (no heartbeat naming it, and it did not arrive since); local records never are.
+pub fn silent(remote: bool, last_heard: Option<Millis>, arrived: Millis, horizon: Millis) -> bool {
+    remote && last_heard.unwrap_or(arrived) < horizon
+}
+
 /// How many records the view takes: the same numbers decide what this node admits locally and what
 /// it takes from the mesh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -486,6 +498,19 @@ mod tests {
 
     fn agent(id: &str, seq: u64) -> HeartbeatAgent {
         HeartbeatAgent { agent_id: id.to_owned(), seq, reported: Reported::Ready }
+    }
+
+    #[test]
+    fn a_leave_removes_older_records_and_silence_evicts_remote_ones_only() {
+        assert!(
+            left_behind(4, 5) && !left_behind(5, 5) && !left_behind(6, 5),
+            "cards after the goodbye stay"
+        );
+        // Heard at 100 (a heartbeat named it), arrived at 10: silent before a horizon past 100 only.
+        assert!(!silent(true, Some(100), 10, 100) && silent(true, Some(100), 10, 101));
+        // Never named by a heartbeat: its arrival counts.
+        assert!(!silent(true, None, 10, 10) && silent(true, None, 10, 11));
+        assert!(!silent(false, None, 0, Millis::MAX), "local records are never evicted");
     }
 
     #[test]

@@ -217,7 +217,7 @@ impl Registry {
         let mut map = self.writer.lock().await;
         let doomed: Vec<RecordKey> = map
             .values()
-            .filter(|e| e.key.publisher == publisher && e.seq < seq)
+            .filter(|e| e.key.publisher == publisher && records::left_behind(e.seq, seq))
             .map(|e| e.key.clone())
             .collect();
         let mut result = Ok(());
@@ -248,12 +248,10 @@ impl Registry {
 
     async fn evict_records(&self, horizon: Millis) -> Result<usize, RegistryError> {
         let snapshot = self.snapshot();
-        let stale: Vec<(RecordKey, u64)> = snapshot
-            .entries
-            .iter()
-            .filter(|e| e.origin == Origin::Remote && e.live.last().unwrap_or(e.updated_at) < horizon)
-            .map(|e| (e.key.clone(), e.seq))
-            .collect();
+        let silent =
+            |e: &Entry| records::silent(e.origin == Origin::Remote, e.live.last(), e.updated_at, horizon);
+        let stale: Vec<(RecordKey, u64)> =
+            snapshot.entries.iter().filter(|e| silent(e)).map(|e| (e.key.clone(), e.seq)).collect();
         if stale.is_empty() {
             return Ok(0);
         }
@@ -261,8 +259,7 @@ impl Registry {
         let mut evicted = 0;
         for (key, seq) in stale {
             // Still the same version and still silent: an update that raced this sweep wins.
-            let current =
-                map.get(&key).filter(|e| e.seq == seq && e.live.last().unwrap_or(e.updated_at) < horizon);
+            let current = map.get(&key).filter(|e| e.seq == seq && silent(e));
             if current.is_some() {
                 self.store.remove(&key.agent_id, &key.publisher.to_bytes(), false).await?;
                 map.remove(&key);

@@ -195,11 +195,6 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(20);
 /// busy node's queue can hold answers for seconds: were the claims to lapse first, the same records
 /// would be asked of another peer and checked twice.
 pub const FETCH_GRACE: Duration = Duration::from_secs(20);
-/// Card messages the ingest worker remembers having applied (a keyed 64-bit hash of each message's
-/// bytes), oldest forgotten first: the same card arriving again (by gossip after a fetch, or from a
-/// second peer) is dropped without its signatures being checked again. A match can only drop a
-/// message, never admit one.
-pub const INGEST_SEEN: usize = 131_072;
 /// Largest sync request: a reconciliation frame, or a fetch of `FETCH_BATCH` ids.
 pub const MAX_SYNC_REQUEST_BYTES: u64 = 1024 * 1024;
 /// Largest sync answer: `FETCH_BATCH` maximal cards, or every chunk of a maximal agent list.

@@ -403,6 +403,22 @@ impl Sealed {
         self.publisher
     }
 
+    /// For a card, the agent id and seq its body names, read before the signature is checked: only to
+    /// drop, unchecked, a card of a version this node already holds or an older one (it would be
+    /// ignored as stale after the check anyway). Nothing read here is used for anything else.
+    pub fn card_version(&self) -> Option<(String, u64)> {
+        #[derive(Deserialize)]
+        struct Head {
+            agent_id: String,
+            seq: u64,
+        }
+        if self.kind != Kind::Card {
+            return None;
+        }
+        let head: Head = ciborium::from_reader(self.body.as_slice()).ok()?;
+        Some((head.agent_id, head.seq))
+    }
+
     fn signature(&self) -> Option<ed25519_dalek::Signature> {
         ed25519_dalek::Signature::from_slice(&self.sig).ok()
     }

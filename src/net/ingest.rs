@@ -12,9 +12,8 @@ use tracing::Instrument;
 
 use super::Counters;
 use crate::clock::now_millis;
-use crate::defaults::INGEST_SEEN;
 use crate::proto::reconcile::{record_id, RecordId};
-use crate::registry::{Applied, Origin, Registry, RegistryError, Update};
+use crate::registry::{Applied, Origin, Registry, RegistryError, Snapshot, Update};
 use crate::wire::{self, Message, WireError};
 
 /// Work for the ingest worker.
@@ -27,46 +26,15 @@ pub enum Inbound {
     Signed { from: PeerId, messages: Vec<ByteBuf>, fetched: Vec<RecordId>, span: tracing::Span },
 }
 
-/// Card messages applied lately, by a keyed hash of their bytes (at most `INGEST_SEEN`, oldest
-/// forgotten first). A message seen before is dropped before its signatures are checked: a match can
-/// only drop a message, never admit one, and the key is this process's own, so nobody can aim a
-/// collision at it.
-pub struct Seen {
-    hasher: std::hash::RandomState,
-    set: HashSet<u64>,
-    order: std::collections::VecDeque<u64>,
-}
-
-impl Default for Seen {
-    fn default() -> Self {
-        Self {
-            hasher: std::hash::RandomState::new(),
-            set: HashSet::new(),
-            order: std::collections::VecDeque::new(),
-        }
-    }
-}
-
-impl Seen {
-    fn hash(&self, message: &[u8]) -> u64 {
-        use std::hash::BuildHasher as _;
-        self.hasher.hash_one(message)
-    }
-
-    fn contains(&self, hash: u64) -> bool {
-        self.set.contains(&hash)
-    }
-
-    fn insert(&mut self, hash: u64) {
-        if self.set.insert(hash) {
-            if self.order.len() >= INGEST_SEEN {
-                if let Some(oldest) = self.order.pop_front() {
-                    self.set.remove(&oldest);
-                }
-            }
-            self.order.push_back(hash);
-        }
-    }
+/// Whether `sealed` is a card of a version this node holds already, or of an older one: dropped before
+/// its signatures are checked, since after them it would be ignored as stale anyway. The same card
+/// arriving again (by gossip after a fetch, or from a second peer) costs a lookup instead of two
+/// signature checks and a decoding; a card whose record has gone since (left, evicted) is checked and
+/// taken again.
+fn held_already(sealed: &wire::Sealed, snapshot: &Snapshot) -> bool {
+    sealed.card_version().is_some_and(|(agent_id, seq)| {
+        snapshot.get(&agent_id, &sealed.publisher()).is_some_and(|e| e.seq >= seq)
+    })
 }
 
 /// Sync answers at least this long are opened on every core (below it, starting threads costs more).
@@ -153,7 +121,6 @@ pub async fn run(
 ) {
     let mut items = Vec::with_capacity(INGEST_BATCH);
     let mut gossip: Vec<GossipMessage> = Vec::with_capacity(INGEST_BATCH);
-    let mut seen = Seen::default();
     while inbox.recv_many(&mut items, INGEST_BATCH).await > 0 {
         // In arrival order: gossip that came before a sync answer is applied before it.
         for item in items.drain(..) {
@@ -162,19 +129,17 @@ pub async fn run(
                     gossip.push(GossipMessage { message_id, source, data });
                 }
                 Inbound::Signed { from, messages, fetched, span } => {
-                    if !judge_gossip(&registry, &mut gossip, &mut seen, &policy, &counters, &verdicts).await {
+                    if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
                         return;
                     }
                     // A child of the sync exchange that brought the messages, so a log follows both.
                     let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
                     let answer = Answer { from, messages, fetched };
-                    apply_signed(&registry, answer, &mut seen, &policy, &counters, &verdicts)
-                        .instrument(span)
-                        .await;
+                    apply_signed(&registry, answer, &policy, &counters, &verdicts).instrument(span).await;
                 }
             }
         }
-        if !judge_gossip(&registry, &mut gossip, &mut seen, &policy, &counters, &verdicts).await {
+        if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
             return;
         }
     }
@@ -185,7 +150,6 @@ pub async fn run(
 async fn judge_gossip(
     registry: &Registry,
     gossip: &mut Vec<GossipMessage>,
-    seen: &mut Seen,
     policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
@@ -194,7 +158,7 @@ async fn judge_gossip(
         return true;
     }
     let span = tracing::info_span!("ingest", source = "gossip", messages = gossip.len());
-    let acceptances = apply_gossip(registry, gossip, seen, policy, counters, verdicts).instrument(span).await;
+    let acceptances = apply_gossip(registry, gossip, policy, counters, verdicts).instrument(span).await;
     for (message, acceptance) in gossip.drain(..).zip(acceptances) {
         let verdict =
             Verdict::Validate { message_id: message.message_id, source: message.source, acceptance };
@@ -212,22 +176,18 @@ async fn judge_gossip(
 async fn apply_gossip(
     registry: &Registry,
     messages: &[GossipMessage],
-    seen: &mut Seen,
     policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
 ) -> Vec<MessageAcceptance> {
     let mut acceptances = vec![MessageAcceptance::Ignore; messages.len()];
-    let hashes: Vec<u64> = messages.iter().map(|m| seen.hash(&m.data)).collect();
+    let snapshot = registry.snapshot();
     let mut parsed = Vec::with_capacity(messages.len());
     let mut at = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
-        if seen.contains(hashes[i]) {
-            // Applied already (fetched, most likely): nothing new, and not forwarded.
-            counters.update(|c| c.ignored += 1);
-            continue;
-        }
         match wire::parse(&message.data) {
+            // Held already (fetched, most likely): nothing new, and not forwarded.
+            Ok(sealed) if held_already(&sealed, &snapshot) => counters.update(|c| c.ignored += 1),
             Ok(sealed) => {
                 parsed.push(sealed);
                 at.push(i);
@@ -248,7 +208,7 @@ async fn apply_gossip(
                 run.push((i, key, update));
             }
             Ok(verified) => {
-                apply_cards(registry, &mut run, &hashes, seen, &mut acceptances, counters).await;
+                apply_cards(registry, &mut run, &mut acceptances, counters).await;
                 acceptances[i] = apply_verified(
                     registry,
                     verified,
@@ -262,7 +222,7 @@ async fn apply_gossip(
             }
         }
     }
-    apply_cards(registry, &mut run, &hashes, seen, &mut acceptances, counters).await;
+    apply_cards(registry, &mut run, &mut acceptances, counters).await;
     acceptances
 }
 
@@ -270,8 +230,6 @@ async fn apply_gossip(
 async fn apply_cards(
     registry: &Registry,
     run: &mut Vec<(usize, (String, PeerId), Update)>,
-    hashes: &[u64],
-    seen: &mut Seen,
     acceptances: &mut [MessageAcceptance],
     counters: &Counters,
 ) {
@@ -281,18 +239,8 @@ async fn apply_cards(
     let (slots, updates): (Vec<_>, Vec<_>) = run.drain(..).map(|(i, key, update)| ((i, key), update)).unzip();
     let results = registry.apply_many(updates, now_millis()).await;
     for ((i, (agent_id, publisher)), result) in slots.into_iter().zip(results) {
-        if taken(&result) {
-            seen.insert(hashes[i]);
-        }
         acceptances[i] = tally(counters, publisher, card_applied(&agent_id, publisher, result));
     }
-}
-
-/// Whether a verified card's application leaves nothing to gain from seeing the same message again:
-/// it was applied, or this node holds it or a newer version. (Over a limit, or a store error, it may
-/// be taken later.)
-fn taken(result: &Result<Applied, RegistryError>) -> bool {
-    matches!(result, Ok(Applied::Created { .. } | Applied::Updated { .. } | Applied::Stale { .. }))
 }
 
 /// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
@@ -309,7 +257,6 @@ struct Answer {
 async fn apply_signed(
     registry: &Registry,
     answer: Answer,
-    seen: &mut Seen,
     policy: &Policy,
     counters: &Counters,
     verdicts: &mpsc::Sender<Verdict>,
@@ -321,16 +268,13 @@ async fn apply_signed(
     let mut repeated = 0usize;
     let mut parsed = Vec::with_capacity(messages.len());
     let mut raw = Vec::with_capacity(messages.len());
+    let snapshot = registry.snapshot();
     for message in messages {
-        let hash = seen.hash(&message);
-        if seen.contains(hash) {
-            repeated += 1;
-            continue;
-        }
         match wire::parse(&message) {
+            Ok(sealed) if held_already(&sealed, &snapshot) => repeated += 1,
             Ok(sealed) => {
                 parsed.push(sealed);
-                raw.push((message, hash));
+                raw.push(message);
             }
             Err(error) => {
                 fail(error, from, counters);
@@ -342,7 +286,7 @@ async fn apply_signed(
     let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
     let opened = open_all(parsed, policy);
     let opened_at = started.elapsed();
-    for (opened, (message, hash)) in opened.into_iter().zip(raw) {
+    for (opened, message) in opened.into_iter().zip(raw) {
         let verified = match opened {
             Ok(verified) => verified,
             Err(refusal) => {
@@ -355,7 +299,7 @@ async fn apply_signed(
             wire::Verified { publisher, message: Message::Card { body, card }, sig }
                 if publisher != policy.me =>
             {
-                cards.push((card_update(publisher, body, *card, sig), hash));
+                cards.push(card_update(publisher, body, *card, sig));
             }
             wire::Verified { publisher, message: Message::ListChunk(chunk), .. }
                 if publisher != policy.me =>
@@ -374,8 +318,7 @@ async fn apply_signed(
     // held) may be asked for again at once.
     let mut settled = fetched;
     if !cards.is_empty() {
-        let (keyed, hashes): (Vec<_>, Vec<u64>) = cards.into_iter().unzip();
-        let (keys, updates): (Vec<_>, Vec<_>) = keyed.into_iter().unzip();
+        let (keys, updates): (Vec<_>, Vec<_>) = cards.into_iter().unzip();
         settled.extend(keys.iter().zip(&updates).filter_map(
             |((agent_id, publisher), update)| match update {
                 Update::Upsert { seq, .. } => Some(record_id(publisher, agent_id, *seq)),
@@ -383,10 +326,7 @@ async fn apply_signed(
             },
         ));
         let results = registry.apply_many(updates, now_millis()).await;
-        for (((agent_id, publisher), result), hash) in keys.into_iter().zip(results).zip(hashes) {
-            if taken(&result) {
-                seen.insert(hash);
-            }
+        for ((agent_id, publisher), result) in keys.into_iter().zip(results) {
             let acceptance = tally(counters, publisher, card_applied(&agent_id, publisher, result));
             rejected += u32::from(acceptance == MessageAcceptance::Reject);
         }
@@ -723,16 +663,8 @@ mod tests {
                 source: relay.public().to_peer_id(),
                 data: data.to_vec(),
             };
-            let mut seen = Seen::default();
-            let accepted = apply_gossip(
-                &self.registry,
-                &[message],
-                &mut seen,
-                &self.policy,
-                &self.counters,
-                &self.verdicts,
-            )
-            .await;
+            let accepted =
+                apply_gossip(&self.registry, &[message], &self.policy, &self.counters, &self.verdicts).await;
             accepted[0]
         }
 
@@ -787,9 +719,7 @@ mod tests {
             })
             .collect();
         let before = h.registry.snapshot().generation;
-        let mut seen = Seen::default();
-        let verdicts =
-            apply_gossip(&h.registry, &messages, &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+        let verdicts = apply_gossip(&h.registry, &messages, &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(verdicts.len(), messages.len());
         for (i, verdict) in verdicts.iter().enumerate() {
             let expected = match i {
@@ -809,26 +739,24 @@ mod tests {
         assert_eq!((h.rejected("bad_signature"), h.counters.get().signature_failures), (1, 1));
     }
 
-    /// A card that came once is not checked again when the same bytes come back (by gossip after a
-    /// fetch, or from a second peer): it is counted as nothing new. A fetch's records are all settled
-    /// once its answer is applied, those the peer no longer held included, so they may be asked of
-    /// another peer at once.
+    /// A card of a version held already is dropped before any check (by gossip after a fetch, or from a
+    /// second peer), and counted as nothing new; once its record is gone (its publisher left), the same
+    /// card is checked and taken again. A fetch's records are all settled once its answer is applied,
+    /// those the peer no longer held included, so they may be asked of another peer at once.
     #[tokio::test]
-    async fn a_card_seen_before_is_dropped_unchecked_and_a_fetch_settles_every_record_it_asked_for() {
+    async fn a_card_held_already_is_dropped_unchecked_and_a_fetch_settles_every_record_it_asked_for() {
         let mut h = Harness::new();
         let publisher = Keypair::generate_ed25519();
         let relay = Keypair::generate_ed25519().public().to_peer_id();
         let a = card_msg(&publisher, "a", 1);
         let p = publisher.public().to_peer_id();
         let asked = vec![record_id(&p, "a", 1), record_id(&p, "gone", 7)];
-        let mut seen = Seen::default();
         let answer = |fetched: Vec<RecordId>| Answer {
             from: relay,
             messages: vec![ByteBuf::from(a.clone())],
             fetched,
         };
-        apply_signed(&h.registry, answer(asked.clone()), &mut seen, &h.policy, &h.counters, &h.verdicts)
-            .await;
+        apply_signed(&h.registry, answer(asked.clone()), &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(h.view(), vec![("a".to_owned(), 1)]);
         let counts = h.counters.get();
         assert_eq!((counts.accepted, counts.ignored), (1, 0));
@@ -843,36 +771,34 @@ mod tests {
             }
             _ => panic!("a fetch's records are settled"),
         }
-        assert!(seen.contains(seen.hash(&a)));
 
-        // The same bytes again: dropped before any check, nothing new. Other bytes are not.
-        apply_signed(&h.registry, answer(Vec::new()), &mut seen, &h.policy, &h.counters, &h.verdicts).await;
-        let message = GossipMessage { message_id: MessageId::new(&[1]), source: relay, data: a.clone() };
+        // The same card again, by sync and by gossip, and an older one: nothing new. A newer one is.
+        apply_signed(&h.registry, answer(Vec::new()), &h.policy, &h.counters, &h.verdicts).await;
+        let gossip =
+            |data: Vec<u8>, n: u8| GossipMessage { message_id: MessageId::new(&[n]), source: relay, data };
         let verdicts =
-            apply_gossip(&h.registry, &[message], &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+            apply_gossip(&h.registry, &[gossip(a.clone(), 1)], &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(verdicts, vec![MessageAcceptance::Ignore]);
         let counts = h.counters.get();
         assert_eq!((counts.accepted, counts.ignored), (1, 2));
-        let newer = GossipMessage {
-            message_id: MessageId::new(&[2]),
-            source: relay,
-            data: card_msg(&publisher, "a", 2),
-        };
+        let newer = card_msg(&publisher, "a", 2);
         let verdicts =
-            apply_gossip(&h.registry, &[newer], &mut seen, &h.policy, &h.counters, &h.verdicts).await;
+            apply_gossip(&h.registry, &[gossip(newer.clone(), 2)], &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(verdicts, vec![MessageAcceptance::Accept]);
         assert_eq!(h.view(), vec![("a".to_owned(), 2)]);
-    }
 
-    #[test]
-    fn the_seen_messages_are_bounded_and_the_oldest_go_first() {
-        let mut seen = Seen::default();
-        for i in 0..(INGEST_SEEN as u64 + 10) {
-            seen.insert(i);
-        }
-        assert_eq!((seen.set.len(), seen.order.len()), (INGEST_SEEN, INGEST_SEEN));
-        assert!(!seen.contains(0) && !seen.contains(9) && seen.contains(10));
-        assert!(seen.contains(INGEST_SEEN as u64 + 9));
+        // The publisher leaves: its record goes. Back at the same seq, the same card is taken again.
+        let leave = wire::seal_tombstone(&publisher, &wire::TombstoneBody { agent_id: None, seq: 3 });
+        let verdicts =
+            apply_gossip(&h.registry, &[gossip(leave, 3)], &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(verdicts, vec![MessageAcceptance::Accept]);
+        assert!(h.view().is_empty());
+        let back = wire::seal_heartbeat(&publisher, &HeartbeatBody { sent_at: 4, digest: 0, agents: None });
+        apply_gossip(&h.registry, &[gossip(back, 4)], &h.policy, &h.counters, &h.verdicts).await;
+        let verdicts =
+            apply_gossip(&h.registry, &[gossip(newer, 5)], &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(verdicts, vec![MessageAcceptance::Accept], "checked and taken again");
+        assert_eq!(h.view(), vec![("a".to_owned(), 2)]);
     }
 
     #[tokio::test]
@@ -1026,7 +952,6 @@ mod tests {
         apply_signed(
             &h.registry,
             Answer { from: relay, messages: messages(&chunks[..1]), fetched: Vec::new() },
-            &mut Seen::default(),
             &h.policy,
             &h.counters,
             &h.verdicts,
@@ -1038,7 +963,6 @@ mod tests {
         apply_signed(
             &h.registry,
             Answer { from: relay, messages: messages(&chunks), fetched: Vec::new() },
-            &mut Seen::default(),
             &h.policy,
             &h.counters,
             &h.verdicts,
@@ -1056,7 +980,6 @@ mod tests {
         apply_signed(
             &h.registry,
             Answer { from: relay, messages: messages(&lying), fetched: Vec::new() },
-            &mut Seen::default(),
             &h.policy,
             &h.counters,
             &h.verdicts,

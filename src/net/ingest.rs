@@ -243,9 +243,6 @@ async fn apply_cards(
     }
 }
 
-/// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
-/// view update and one store batch for hundreds of cards), the chunks of a long agent list together
-/// once all are there, anything else one by one. Each message is read once.
 /// A sync answer for the ingest worker.
 struct Answer {
     from: PeerId,
@@ -254,6 +251,10 @@ struct Answer {
     fetched: Vec<RecordId>,
 }
 
+/// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
+/// view update and one store batch for hundreds of cards), the chunks of a long agent list together
+/// once all are there, anything else one by one. Each message is read once; a card of a version held
+/// already is dropped unchecked, and every record the answer was asked for is settled.
 async fn apply_signed(
     registry: &Registry,
     answer: Answer,
@@ -668,6 +669,13 @@ mod tests {
             accepted[0]
         }
 
+        /// A sync answer from `from` holding `messages`, answering a fetch of `fetched`.
+        async fn sync(&self, from: PeerId, messages: &[Vec<u8>], fetched: Vec<RecordId>) {
+            let messages = messages.iter().map(|m| ByteBuf::from(m.clone())).collect();
+            let answer = Answer { from, messages, fetched };
+            apply_signed(&self.registry, answer, &self.policy, &self.counters, &self.verdicts).await;
+        }
+
         fn view(&self) -> Vec<(String, u64)> {
             self.registry.snapshot().entries.iter().map(|e| (e.key.agent_id.clone(), e.seq)).collect()
         }
@@ -751,12 +759,7 @@ mod tests {
         let a = card_msg(&publisher, "a", 1);
         let p = publisher.public().to_peer_id();
         let asked = vec![record_id(&p, "a", 1), record_id(&p, "gone", 7)];
-        let answer = |fetched: Vec<RecordId>| Answer {
-            from: relay,
-            messages: vec![ByteBuf::from(a.clone())],
-            fetched,
-        };
-        apply_signed(&h.registry, answer(asked.clone()), &h.policy, &h.counters, &h.verdicts).await;
+        h.sync(relay, std::slice::from_ref(&a), asked.clone()).await;
         assert_eq!(h.view(), vec![("a".to_owned(), 1)]);
         let counts = h.counters.get();
         assert_eq!((counts.accepted, counts.ignored), (1, 0));
@@ -773,14 +776,14 @@ mod tests {
         }
 
         // The same card again, by sync and by gossip, and an older one: nothing new. A newer one is.
-        apply_signed(&h.registry, answer(Vec::new()), &h.policy, &h.counters, &h.verdicts).await;
+        h.sync(relay, &[a.clone(), card_msg(&publisher, "a", 0)], Vec::new()).await;
         let gossip =
             |data: Vec<u8>, n: u8| GossipMessage { message_id: MessageId::new(&[n]), source: relay, data };
         let verdicts =
             apply_gossip(&h.registry, &[gossip(a.clone(), 1)], &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(verdicts, vec![MessageAcceptance::Ignore]);
         let counts = h.counters.get();
-        assert_eq!((counts.accepted, counts.ignored), (1, 2));
+        assert_eq!((counts.accepted, counts.ignored), (1, 3));
         let newer = card_msg(&publisher, "a", 2);
         let verdicts =
             apply_gossip(&h.registry, &[gossip(newer.clone(), 2)], &h.policy, &h.counters, &h.verdicts).await;
@@ -948,26 +951,11 @@ mod tests {
         let chunks = wire::seal_list_chunks(&publisher, &agents, digest);
         assert_eq!(chunks.len(), 2);
         // Half a list changes nothing and blames nobody.
-        let messages = |c: &[Vec<u8>]| c.iter().map(|m| ByteBuf::from(m.clone())).collect::<Vec<_>>();
-        apply_signed(
-            &h.registry,
-            Answer { from: relay, messages: messages(&chunks[..1]), fetched: Vec::new() },
-            &h.policy,
-            &h.counters,
-            &h.verdicts,
-        )
-        .await;
+        h.sync(relay, &chunks[..1], Vec::new()).await;
         assert!(rx.try_recv().is_err());
         assert_eq!(h.registry.signed_list(&p), None);
         // The whole list: installed, the held agent refreshed, the others pulled.
-        apply_signed(
-            &h.registry,
-            Answer { from: relay, messages: messages(&chunks), fetched: Vec::new() },
-            &h.policy,
-            &h.counters,
-            &h.verdicts,
-        )
-        .await;
+        h.sync(relay, &chunks, Vec::new()).await;
         match rx.try_recv() {
             Ok(Verdict::Fetch { ids, .. }) => assert_eq!(ids.len(), wire::LIST_CHUNK_AGENTS),
             _ => panic!("the missing agents are pulled"),
@@ -977,14 +965,7 @@ mod tests {
         assert!(entry.last_heartbeat(0).is_some());
         // Chunks whose agents do not make their digest: rejected, the relay struck.
         let lying = wire::seal_list_chunks(&publisher, &agents[1..], digest);
-        apply_signed(
-            &h.registry,
-            Answer { from: relay, messages: messages(&lying), fetched: Vec::new() },
-            &h.policy,
-            &h.counters,
-            &h.verdicts,
-        )
-        .await;
+        h.sync(relay, &lying, Vec::new()).await;
         assert!(matches!(rx.try_recv(), Ok(Verdict::Misbehaved { rejected: 1, .. })));
         assert_eq!(h.rejected("bad_list"), 1);
     }

@@ -17,6 +17,7 @@
 //! (A2A 0.3 cards read as 1.0), [`input`] (an A2A card as an agentmesh card, [`from_a2a`]).
 
 pub mod input;
+mod jcs;
 pub mod legacy;
 pub mod schema;
 
@@ -258,8 +259,7 @@ pub fn clean(value: Value) -> Option<Value> {
 
 /// RFC 8785 canonical bytes of a JSON value.
 pub fn canonical(value: &Value) -> Vec<u8> {
-    // A `Value` holds only JSON (finite numbers, string keys): canonicalising it cannot fail.
-    serde_json_canonicalizer::to_vec(value).unwrap_or_default()
+    jcs::to_vec(value)
 }
 
 /// What is signed of a view: the view [`clean`]ed, as A2A verifiers compute it.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentmesh::card::reported::Reported;
-use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_UNANNOUNCED};
+use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER, MAX_UNANNOUNCED};
 use agentmesh::net::{
     DETECT_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY, HANDSHAKE_TIMEOUT,
     LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL, PING_TIMEOUT,
@@ -103,8 +103,9 @@ enum Payload {
     Down { target: usize, last_seen: u64 },
 }
 
-/// A sync answer: a reconciliation frame, a reach answer, cards (publisher, agent, seq), a list.
-type Answer = (Option<Vec<u8>>, Option<Reach>, Vec<(usize, Arc<str>, u64)>, Option<Arc<Payload>>);
+/// A sync answer: a reconciliation frame, a reach answer, cards (publisher, agent, seq), heartbeats
+/// (with their lists, or naming them).
+type Answer = (Option<Vec<u8>>, Option<Reach>, Vec<(usize, Arc<str>, u64)>, Vec<Arc<Payload>>);
 
 /// What crosses a link.
 #[derive(Debug)]
@@ -123,7 +124,7 @@ enum Wire {
         frame: Option<Vec<u8>>,
         reach: Option<Reach>,
         cards: Vec<(usize, Arc<str>, u64)>,
-        list: Option<Arc<Payload>>,
+        list: Vec<Arc<Payload>>,
     },
     /// The handshake of a dial completed: both ends are connected.
     Connected,
@@ -737,7 +738,7 @@ impl Sim {
                 let beats = records::beats(&list, |agent_id| {
                     node.view
                         .get(&RecordKey { agent_id: agent_id.to_owned(), publisher: publisher_peer })
-                        .map(|r| r.seq)
+                        .map(|r| (agent_id, r.seq))
                 });
                 let via = match (&heard.list, heard.list_installed) {
                     (None, _) => None,
@@ -745,7 +746,7 @@ impl Sim {
                     (Some(_), false) => Some(Via::List),
                 };
                 for (agent_id, reported) in &beats.refresh {
-                    let key = RecordKey { agent_id: agent_id.clone(), publisher: publisher_peer };
+                    let key = RecordKey { agent_id: (*agent_id).to_owned(), publisher: publisher_peer };
                     if let Some(rec) = node.view.get_mut(&key) {
                         rec.heard = rec.heard.max(heard.at.max(1));
                         rec.reported = *reported;
@@ -849,7 +850,7 @@ impl Sim {
         match request {
             Request::Reconcile(frame) => {
                 self.refresh_index(i);
-                (self.nodes[i].state.respond(&frame), None, Vec::new(), None)
+                (self.nodes[i].state.respond(&frame), None, Vec::new(), Vec::new())
             }
             Request::Fetch(ids) => {
                 self.refresh_index(i);
@@ -865,7 +866,7 @@ impl Sim {
                         Some((self.ids[publisher], Arc::from(agent.as_str()), rec.seq))
                     })
                     .collect();
-                (None, None, cards, None)
+                (None, None, cards, Vec::new())
             }
             Request::List(publisher) => {
                 let node = &self.nodes[i];
@@ -885,11 +886,29 @@ impl Sim {
                         agents: Some(agents),
                     })
                 };
-                (None, None, Vec::new(), list.map(Arc::new))
+                (None, None, Vec::new(), list.map(Arc::new).into_iter().collect())
+            }
+            Request::Heartbeats => {
+                let node = &self.nodes[i];
+                let now = self.now / MS;
+                let since = now.saturating_sub(self.thresholds.degraded_after.as_millis() as u64);
+                let mut beats = vec![Arc::new(Payload::Heartbeat {
+                    publisher: i,
+                    sent_at: now,
+                    digest: node.digest,
+                    agents: None,
+                })];
+                for (publisher, sent_at, digest, _) in
+                    node.records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER)
+                {
+                    let publisher = self.ids[&publisher];
+                    beats.push(Arc::new(Payload::Heartbeat { publisher, sent_at, digest, agents: None }));
+                }
+                (None, None, Vec::new(), beats)
             }
             Request::Reach(target) => {
                 let now = self.ms();
-                (None, Some(self.nodes[i].state.reach(&target, now)), Vec::new(), None)
+                (None, Some(self.nodes[i].state.reach(&target, now)), Vec::new(), Vec::new())
             }
         }
     }
@@ -1069,7 +1088,7 @@ impl Sim {
                 let cost = self.p.hop_cost + self.p.card_cost * cards.len() as T;
                 // The state machine hears of the answer at once; its cards queue for ingest.
                 self.handle(to, Event::Answered { id, frame, reach });
-                if !cards.is_empty() || list.is_some() {
+                if !cards.is_empty() || !list.is_empty() {
                     let wire = Wire::Response { id, frame: None, reach: None, cards, list };
                     self.enqueue(to, from, wire, cost, epoch);
                 }
@@ -1094,8 +1113,8 @@ impl Sim {
                 }
             }
             Wire::Response { id, cards, list, .. } => {
-                if let Some(list) = list {
-                    self.apply(i, from, &list);
+                for payload in &list {
+                    self.apply(i, from, payload);
                 }
                 for (publisher, agent, seq) in &cards {
                     self.apply_card(i, *publisher, agent, *seq);

@@ -175,6 +175,12 @@ pub const MAX_TOMBSTONES: usize = 100_000;
 pub const MAX_LIST_FETCHES: usize = 256;
 /// Sync requests of this node awaiting an answer at most: a round beyond it waits for the next tick.
 pub const MAX_SYNC_IN_FLIGHT: usize = 64;
+/// A node connected to at most this many peers asks each new one for every publisher's newest
+/// heartbeat (one question in flight at a time).
+pub const HEARTBEATS_FROM_PEERS: usize = 2;
+/// At most this many heartbeats in one answer to that question, and at most this many bytes of them.
+pub const MAX_HEARTBEATS_ANSWER: usize = MAX_TRACKED_PUBLISHERS;
+pub const MAX_HEARTBEATS_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 /// Local cards announced again at the next heartbeat because their announcement found no gossip peer
 /// (or because the node started on a stored view). Past it, reconciliation delivers them: a bulk of
 /// cards is its job, not a burst of gossip.

@@ -40,7 +40,9 @@ pub async fn events(
         ApiError::Unavailable(format!("at most {} watch streams at once", crate::defaults::MAX_WATCHERS))
     })?;
     // Bring the log up to the current view first, so that a new stream starts from it.
-    app.watch.advance(&app.registry.snapshot().entries, now_millis(), app.registry.thresholds());
+    let snapshot = app.registry.snapshot();
+    let tag = (snapshot.generation, app.registry.health_epoch());
+    app.watch.refresh(&snapshot.entries, tag, now_millis(), app.registry.thresholds());
     let sub = app.watch.subscribe(last);
     let filter = Filter::new(query, *app.registry.thresholds());
     let first: Vec<SseEvent> = match sub.start {

@@ -452,7 +452,9 @@ fn open_batch(share: Vec<wire::Sealed>, policy: &Policy) -> Vec<Result<wire::Ver
 /// costs more than its signature). Order is kept.
 fn open_all(parsed: Vec<wire::Sealed>, policy: &Policy) -> Vec<Result<wire::Verified, Refusal>> {
     let open_share = |share| open_batch(share, policy);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asked once: the answer reads the cgroup's files, a few system calls per batch otherwise.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if cores < 2 || parsed.len() < OPEN_IN_PARALLEL_FROM {
         return open_share(parsed);
     }

@@ -21,6 +21,10 @@ pub enum SyncRequest {
     List { publisher: ByteBuf },
     /// "Do you reach this peer?" (failure detection): answered with `reach`.
     Reach { target: ByteBuf },
+    /// "Who is alive?": answered with this node's newest heartbeat and the newest signed heartbeat of
+    /// every publisher it heard within `degraded_after` (bounded: `MAX_HEARTBEATS_ANSWER`,
+    /// `MAX_HEARTBEATS_ANSWER_BYTES`). Lists named by digest are fetched with `List` afterwards.
+    Heartbeats,
 }
 
 /// Signed messages (cards, or the heartbeat or chunks that carry a list), exactly as their publishers
@@ -55,6 +59,7 @@ impl SyncRequest {
             Request::Fetch(ids) => SyncRequest::Fetch(ids.iter().map(|id| id.to_vec().into()).collect()),
             Request::List(publisher) => SyncRequest::List { publisher: publisher.to_bytes().into() },
             Request::Reach(target) => SyncRequest::Reach { target: target.to_bytes().into() },
+            Request::Heartbeats => SyncRequest::Heartbeats,
         }
     }
 }
@@ -177,6 +182,12 @@ impl EventLoop {
                         cards.push(message.to_vec().into());
                     }
                 }
+                SyncResponse { cards, frame: None, reach: None }
+            }
+            SyncRequest::Heartbeats => {
+                let own = self.last_heartbeat.as_ref().map(|h| h.to_vec().into());
+                let others = self.registry.newest_heartbeats(now_millis());
+                let cards = own.into_iter().chain(others.iter().map(|m| m.to_vec().into())).collect();
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Reach { target } => {

@@ -111,12 +111,15 @@ struct KnownList {
 }
 
 /// The newest heartbeat heard from a publisher.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Newest {
     sent_at: u64,
     digest: u64,
     /// When it arrived (this node's clock).
     at: Millis,
+    /// The heartbeat as its publisher signed it, when the caller kept it (see [`Records::keep_signed`]):
+    /// what a node that just joined is given (see [`Records::newest_heartbeats`]).
+    signed: Option<Arc<[u8]>>,
 }
 
 /// What this node knows of one remote publisher besides its records.
@@ -215,20 +218,25 @@ pub struct Heard {
 }
 
 /// How a list compares with the records held: which to refresh, which are missing.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Beats {
-    /// Agents held at the listed seq or newer: alive as of the heartbeat, in the state reported.
-    pub refresh: Vec<(String, Reported)>,
+#[derive(Debug, PartialEq, Eq)]
+pub struct Beats<T> {
+    /// Records held at the listed seq or newer (as `held` gave them): alive as of the heartbeat, in
+    /// the state reported.
+    pub refresh: Vec<(T, Reported)>,
     /// Agents named at a seq this node lacks, with that seq: fetch their cards from the sender.
     pub missing: Vec<(String, u64)>,
 }
 
-/// Compares a publisher's agent list with the records held (`held(agent_id)`: the seq held).
-pub fn beats(list: &[HeartbeatAgent], held: impl Fn(&str) -> Option<u64>) -> Beats {
-    let mut beats = Beats::default();
+/// Compares a publisher's agent list with the records held (`held(agent_id)`: the record held and its
+/// seq). Nothing is copied for the agents held, the common case of every heartbeat.
+pub fn beats<'a, T>(
+    list: &'a [HeartbeatAgent],
+    mut held: impl FnMut(&'a str) -> Option<(T, u64)>,
+) -> Beats<T> {
+    let mut beats = Beats { refresh: Vec::with_capacity(list.len()), missing: Vec::new() };
     for agent in list {
         match held(&agent.agent_id) {
-            Some(seq) if seq >= agent.seq => beats.refresh.push((agent.agent_id.clone(), agent.reported)),
+            Some((record, seq)) if seq >= agent.seq => beats.refresh.push((record, agent.reported)),
             _ => beats.missing.push((agent.agent_id.clone(), agent.seq)),
         }
     }
@@ -373,7 +381,7 @@ impl Records {
         // not tracked here leaves nothing behind.
         let state = if newer {
             let state = self.publishers.map.entry(publisher).or_default();
-            state.newest = Newest { sent_at: sent_at.unwrap_or_default(), digest, at: now };
+            state.newest = Newest { sent_at: sent_at.unwrap_or_default(), digest, at: now, signed: None };
             state.down = None;
             state
         } else {
@@ -432,6 +440,37 @@ impl Records {
         }
         state.down = Some(last_seen);
         true
+    }
+
+    /// Keeps the signed message of `publisher`'s heartbeat sent at `sent_at`, when that is the newest
+    /// heard (call it after [`Records::heard`] took the heartbeat).
+    pub fn keep_signed(&mut self, publisher: &PeerId, sent_at: u64, signed: Arc<[u8]>) {
+        if let Some(state) = self.publishers.map.get_mut(publisher) {
+            if state.newest.sent_at == sent_at && state.newest.at > 0 {
+                state.newest.signed = Some(signed);
+            }
+        }
+    }
+
+    /// The newest heartbeat of every publisher whose newest heartbeat arrived at `since` or later and
+    /// that no declaration has marked down since, as `(publisher, sent_at, digest, signed message)`:
+    /// who is alive, as this node knows it. A node that just joined asks a peer for these (the
+    /// heartbeat topic would take a heartbeat interval or more to tell it). At most `max` of them, the
+    /// most recently heard first.
+    pub fn newest_heartbeats(&self, since: Millis, max: usize) -> Vec<(PeerId, u64, u64, Option<Arc<[u8]>>)> {
+        let mut alive: Vec<_> = self
+            .publishers
+            .map
+            .iter()
+            .filter(|(_, s)| s.newest.at > 0 && s.newest.at >= since && s.down.is_none() && s.left.is_none())
+            .map(|(p, s)| (s.newest.at, *p, s.newest.sent_at, s.newest.digest, s.newest.signed.clone()))
+            .collect();
+        alive.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        alive
+            .into_iter()
+            .take(max)
+            .map(|(_, p, sent_at, digest, signed)| (p, sent_at, digest, signed))
+            .collect()
     }
 
     /// The `sent_at` of the newest heartbeat heard of `publisher`, if any.
@@ -587,12 +626,12 @@ mod tests {
     fn lists_compare_with_what_is_held() {
         let list = vec![agent("a", 3), agent("b", 4), agent("c", 1)];
         let held = |id: &str| match id {
-            "a" => Some(3),
-            "b" => Some(2),
+            "a" => Some(("record a", 3)),
+            "b" => Some(("record b", 2)),
             _ => None,
         };
         let b = beats(&list, held);
-        assert_eq!(b.refresh, vec![("a".to_owned(), Reported::Ready)]);
+        assert_eq!(b.refresh, vec![("record a", Reported::Ready)]);
         assert_eq!(b.missing, vec![("b".to_owned(), 4), ("c".to_owned(), 1)]);
     }
 

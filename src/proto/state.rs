@@ -20,7 +20,7 @@ use super::fetch::Fetches;
 use super::membership::{self, Membership, Reach};
 use super::reconcile::{Index, RecordId};
 use crate::clock::Millis;
-use crate::defaults::{MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
+use crate::defaults::{HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
 
 /// A question to a peer over the sync protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,9 @@ pub enum Request {
     List(PeerId),
     /// Whether the peer reaches this one (failure detection).
     Reach(PeerId),
+    /// The newest heartbeat of every publisher the peer hears (a node that just joined asks its first
+    /// peers: its agents' liveness at once, not one heartbeat interval or more later).
+    Heartbeats,
 }
 
 impl Request {
@@ -43,6 +46,7 @@ impl Request {
             Request::Fetch(_) => "fetch",
             Request::List(_) => "list",
             Request::Reach(_) => "reach",
+            Request::Heartbeats => "heartbeats",
         }
     }
 }
@@ -105,6 +109,7 @@ enum Asked {
     Fetch(Vec<RecordId>),
     List,
     Reach(PeerId),
+    Heartbeats,
 }
 
 /// Settings of the state machine.
@@ -128,8 +133,14 @@ pub struct State {
     list_fetches: HashMap<PeerId, Millis>,
     bans: BanList,
     membership: Membership,
+    /// Questions for every publisher's heartbeats that failed and were asked again of another peer.
+    heartbeats_retries: u32,
     rng: StdRng,
 }
+
+/// A failed question for every publisher's heartbeats is asked again of another peer at most this
+/// many times in a node's life (the next start asks anew).
+const HEARTBEATS_RETRIES: u32 = 3;
 
 impl State {
     /// A node's protocol state; `seed` draws its probe helpers and sync partners.
@@ -144,6 +155,7 @@ impl State {
             list_fetches: HashMap::new(),
             bans: BanList::default(),
             membership: Membership::default(),
+            heartbeats_retries: 0,
             rng: StdRng::seed_from_u64(seed),
         }
     }
@@ -191,6 +203,12 @@ impl State {
                 // Its newest heartbeat and list at once: its agents are alive as their cards land,
                 // without waiting for its next heartbeat to reach this node by gossip.
                 self.send(peer, Request::List(peer), Asked::List, &mut out);
+                // A node with hardly any peer (just started, or back from isolation) hears nobody's
+                // heartbeats yet: the first peers it meets tell it who is alive, one at a time.
+                let asking = self.asked.values().any(|(_, asked)| matches!(asked, Asked::Heartbeats));
+                if self.connected.len() <= HEARTBEATS_FROM_PEERS && !asking {
+                    self.send(peer, Request::Heartbeats, Asked::Heartbeats, &mut out);
+                }
             }
             Event::Closed { peer, watched } => {
                 self.connected.remove(&peer);
@@ -206,6 +224,15 @@ impl State {
             Event::Answered { id, frame, reach } => self.answered(id, frame, reach, now, &mut out),
             Event::Failed { id } => match self.asked.remove(&id) {
                 Some((_, Asked::Fetch(ids))) => self.fetches.failed(&ids),
+                Some((failed, Asked::Heartbeats)) if self.heartbeats_retries < HEARTBEATS_RETRIES => {
+                    // Another peer is asked at once (a few times at most: peers of an older version
+                    // never answer).
+                    self.heartbeats_retries += 1;
+                    let other = self.connected.iter().copied().filter(|p| *p != failed).choose(&mut self.rng);
+                    if let Some(peer) = other {
+                        self.send(peer, Request::Heartbeats, Asked::Heartbeats, &mut out);
+                    }
+                }
                 Some((_, Asked::Reach(target))) => {
                     let actions = self.membership.probe_failed(target);
                     self.detector(actions, &mut out);
@@ -295,7 +322,7 @@ impl State {
                     Err(error) => tracing::debug!(%peer, %error, "reconciliation frame refused"),
                 }
             }
-            Asked::List => {}
+            Asked::List | Asked::Heartbeats => {}
         }
     }
 
@@ -381,6 +408,34 @@ mod tests {
             .collect()
     }
 
+    /// A node with few peers asks them, one at a time, for every publisher's newest heartbeat; a failed
+    /// question goes to another peer; a node with enough peers does not ask.
+    #[test]
+    fn a_node_with_few_peers_asks_who_is_alive_one_peer_at_a_time() {
+        let mut s = State::new(CONFIG, 1);
+        let asks = |actions: &[Action]| -> Vec<(PeerId, RequestId)> {
+            sends(actions)
+                .into_iter()
+                .filter(|(_, _, r)| *r == Request::Heartbeats)
+                .map(|(p, id, _)| (p, id))
+                .collect()
+        };
+        let (a, b, c, d) = (PeerId::random(), PeerId::random(), PeerId::random(), PeerId::random());
+        let first = asks(&s.handle(Event::Connected(a), 0));
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0, a);
+        assert!(asks(&s.handle(Event::Connected(b), 0)).is_empty(), "one question at a time");
+        let again = asks(&s.handle(Event::Failed { id: first[0].1 }, 10));
+        assert_eq!(again.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![b], "asked of the other peer");
+        s.handle(Event::Answered { id: again[0].1, frame: None, reach: None }, 20);
+        assert!(asks(&s.handle(Event::Connected(c), 30)).is_empty(), "three peers: enough");
+        // Isolated, then back: it asks again.
+        for peer in [a, b, c] {
+            s.handle(Event::Closed { peer, watched: false }, 40);
+        }
+        assert_eq!(asks(&s.handle(Event::Connected(d), 50)).len(), 1);
+    }
+
     /// Two state machines reconcile through their actions alone, and the one missing records fetches
     /// exactly those, of one peer.
     #[test]
@@ -462,7 +517,8 @@ mod tests {
         let ids: Vec<RecordId> = (0..100_000u64).map(|i| record_id(&peer, "a", i)).collect();
         let actions = s.handle(Event::Missing { from: peer, publisher: peer, ids }, 0);
         assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT);
-        assert_eq!(sends(&actions).len(), MAX_SYNC_IN_FLIGHT - 2);
+        // The connection asked three questions: a reconciliation, the peer's list, who is alive.
+        assert_eq!(sends(&actions).len(), MAX_SYNC_IN_FLIGHT - 3);
         // Answers free room for the next round.
         let (_, id, _) = sends(&actions)[0].clone();
         s.handle(Event::Answered { id, frame: None, reach: None }, 1);

@@ -11,6 +11,7 @@ use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
 use super::{Entry, Origin, RecordKey, Registry, RegistryError};
+use crate::defaults::{MAX_HEARTBEATS_ANSWER, MAX_HEARTBEATS_ANSWER_BYTES};
 use crate::proto::records::{self, CarriedList, Records};
 use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
@@ -59,8 +60,26 @@ impl Registry {
         signed: &[u8],
         now: Millis,
     ) -> HeartbeatOutcome {
-        let carried = body.agents.as_ref().map(|agents| (agents.clone(), vec![Arc::<[u8]>::from(signed)]));
-        self.heard(publisher, Some(body.sent_at), body.digest, carried, now)
+        let signed = Arc::<[u8]>::from(signed);
+        let carried = body.agents.as_ref().map(|agents| (agents.clone(), vec![signed.clone()]));
+        self.heard(publisher, Some((body.sent_at, signed)), body.digest, carried, now)
+    }
+
+    /// The newest heartbeat of every remote publisher heard within `degraded_after` and not declared
+    /// down since, as signed (the most recently heard first, at most `MAX_HEARTBEATS_ANSWER` of them
+    /// and `MAX_HEARTBEATS_ANSWER_BYTES`): what a node that just joined is told of who is alive.
+    pub fn newest_heartbeats(&self, now: Millis) -> Vec<Arc<[u8]>> {
+        let since = now.saturating_sub(self.thresholds.degraded_after.as_millis() as u64);
+        let newest = self.remote.lock().newest_heartbeats(since, MAX_HEARTBEATS_ANSWER);
+        let mut bytes = 0;
+        newest
+            .into_iter()
+            .filter_map(|(_, _, _, signed)| signed)
+            .take_while(|signed| {
+                bytes += signed.len();
+                bytes <= MAX_HEARTBEATS_ANSWER_BYTES
+            })
+            .collect()
     }
 
     /// Applies a publisher's long agent list, reassembled from its signed chunks (the answer to a list
@@ -76,18 +95,26 @@ impl Registry {
         self.heard(publisher, None, digest, Some((agents, chunks)), now)
     }
 
-    /// A heartbeat (`sent_at` set) or a fetched list (`None`) of `publisher`, naming list `digest`, and
-    /// carrying the list itself when `carried`: [`Records::heard`] decides, the view's entries beat.
+    /// A heartbeat (`sent`: when, and the signed message) or a fetched list (`None`) of `publisher`,
+    /// naming list `digest`, and carrying the list itself when `carried`: [`Records::heard`] decides,
+    /// the view's entries beat.
     fn heard(
         &self,
         publisher: PeerId,
-        sent_at: Option<u64>,
+        sent: Option<(u64, Arc<[u8]>)>,
         digest: u64,
         carried: Option<CarriedList>,
         now: Millis,
     ) -> HeartbeatOutcome {
         let mut outcome = HeartbeatOutcome::default();
-        let heard = self.remote.lock().heard(publisher, sent_at, digest, carried, now);
+        let heard = {
+            let mut records = self.remote.lock();
+            let heard = records.heard(publisher, sent.as_ref().map(|(at, _)| *at), digest, carried, now);
+            if let (false, Some((sent_at, signed))) = (heard.replayed, sent) {
+                records.keep_signed(&publisher, sent_at, signed);
+            }
+            heard
+        };
         outcome.replayed = heard.replayed;
         outcome.list_installed = heard.list_installed;
         outcome.unknown_list = heard.unknown_list;
@@ -95,9 +122,24 @@ impl Registry {
             return outcome;
         }
         let snapshot = self.snapshot();
-        // The publisher's records held here, by agent id: a heartbeat looks each of its list up.
-        let held: HashMap<&str, &Arc<Entry>> =
-            snapshot.of_publisher(&publisher).map(|e| (e.key.agent_id.as_str(), e)).collect();
+        // The publisher's records held here, in agent id order. A publisher lists its agents in that
+        // order too, so one walk along both finds them all; an agent listed out of order is looked up
+        // by binary search instead (nothing relies on the order).
+        let held: Vec<&Arc<Entry>> = snapshot.of_publisher(&publisher).collect();
+        // `next`: every record before it sorts before the agent last found by walking.
+        let mut next = 0;
+        let find = |agent_id: &str| {
+            let behind = next > 0 && held[next - 1].key.agent_id.as_str() >= agent_id;
+            let found = if behind {
+                held.binary_search_by(|e| e.key.agent_id.as_str().cmp(agent_id)).ok()
+            } else {
+                while held.get(next).is_some_and(|e| e.key.agent_id.as_str() < agent_id) {
+                    next += 1;
+                }
+                held.get(next).filter(|e| e.key.agent_id == agent_id).map(|_| next)
+            };
+            found.map(|i| (held[i], held[i].seq))
+        };
         let list = heard.list.unwrap_or_else(|| {
             // A list this node missed: the publisher is alive, so its agents held here stay fresh with
             // the states last heard until the fetched list arrives (a declaration of the publisher down,
@@ -113,12 +155,10 @@ impl Registry {
                     .collect(),
             )
         });
-        let beats = records::beats(&list, |agent_id| held.get(agent_id).map(|e| e.seq));
+        let beats = records::beats(&list, find);
         let mut changed = false;
-        for (agent_id, reported) in &beats.refresh {
-            if let Some(entry) = held.get(agent_id.as_str()) {
-                changed |= entry.beat_changes_health(heard.at, *reported, &self.thresholds);
-            }
+        for (entry, reported) in &beats.refresh {
+            changed |= entry.beat_changes_health(heard.at, *reported, &self.thresholds);
         }
         outcome.refreshed = beats.refresh.len();
         outcome.missing = beats.missing;
@@ -444,6 +484,79 @@ mod tests {
             [("a".to_owned(), 6), ("b".to_owned(), 1)],
             "a newer seq than held is fetched"
         );
+    }
+
+    #[tokio::test]
+    async fn a_list_in_any_order_refreshes_every_agent_held_and_names_every_one_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        // Another publisher's records between them in the view's order.
+        let other = Keypair::generate_ed25519();
+        for id in ["b", "d", "f", "h"] {
+            r.apply(signed(&peer, &card(id, "1"), 5), 0).await.unwrap();
+            r.apply(signed(&other, &card(id, "1"), 5), 0).await.unwrap();
+        }
+        let t = *r.thresholds();
+        let listed = |ids: &[&str]| -> Vec<HeartbeatAgent> {
+            ids.iter()
+                .map(|id| HeartbeatAgent { agent_id: (*id).into(), seq: 5, reported: Reported::Ready })
+                .collect()
+        };
+        let orders: [&[&str]; 4] = [
+            &["a", "b", "c", "d", "f", "g", "h", "i"],
+            &["i", "h", "g", "f", "d", "c", "b", "a"],
+            &["d", "a", "h", "b", "i", "f", "c", "g"],
+            &["b", "b", "h", "a", "h", "d", "f", "f"],
+        ];
+        for (n, ids) in orders.into_iter().enumerate() {
+            let agents = listed(ids);
+            let sent_at = 100 + n as u64;
+            let at = 1_000 * (n as u64 + 1) * 10;
+            let hb = HeartbeatBody { sent_at, digest: wire::agents_digest(&agents), agents: Some(agents) };
+            let out = r.remote_heartbeat(p, &hb, b"m", at);
+            let held = ids.iter().filter(|id| ["b", "d", "f", "h"].contains(id)).count();
+            let mut missing: Vec<_> = out.missing.iter().map(|(id, _)| id.as_str()).collect();
+            missing.sort_unstable();
+            let mut want: Vec<_> =
+                ids.iter().copied().filter(|id| !["b", "d", "f", "h"].contains(id)).collect();
+            want.sort_unstable();
+            assert_eq!((out.refreshed, missing), (held, want), "order {ids:?}");
+            for entry in r.snapshot().entries.iter() {
+                let health = entry.health(at, &t);
+                let want = if entry.key.publisher == p { Health::Active } else { Health::Unknown };
+                assert_eq!(health, want, "{} of order {ids:?}", entry.key.agent_id);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn who_is_alive_is_the_newest_signed_heartbeat_of_each_publisher_heard_lately() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let t = *r.thresholds();
+        let recent = t.degraded_after.as_millis() as u64;
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let beat = |p, sent_at, at, signed: &[u8]| {
+            let body = HeartbeatBody { sent_at, digest: 7, agents: None };
+            r.remote_heartbeat(p, &body, signed, at)
+        };
+        beat(a, 1, 1_000, b"a1");
+        beat(a, 2, 2_000, b"a2");
+        beat(a, 1, 2_500, b"a1 replayed");
+        beat(b, 5, 1_500, b"b5");
+        beat(c, 9, 100, b"c9");
+        let now = 100 + recent + 1;
+        let alive: Vec<Vec<u8>> = r.newest_heartbeats(now).iter().map(|m| m.to_vec()).collect();
+        assert_eq!(alive, vec![b"a2".to_vec(), b"b5".to_vec()], "newest first; c heard too long ago");
+        // A publisher declared down is not alive; a later heartbeat makes it so again.
+        assert!(r.remote_down(b, 5));
+        let alive: Vec<Vec<u8>> = r.newest_heartbeats(now).iter().map(|m| m.to_vec()).collect();
+        assert_eq!(alive, vec![b"a2".to_vec()]);
+        beat(b, 6, now, b"b6");
+        let alive: Vec<Vec<u8>> = r.newest_heartbeats(now).iter().map(|m| m.to_vec()).collect();
+        assert_eq!(alive, vec![b"b6".to_vec(), b"a2".to_vec()]);
     }
 
     #[tokio::test]

@@ -898,10 +898,9 @@ impl Sim {
                     digest: node.digest,
                     agents: None,
                 })];
-                for (publisher, sent_at, digest, _) in
-                    node.records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER)
-                {
-                    let publisher = self.ids[&publisher];
+                for alive in node.records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER) {
+                    let (publisher, sent_at, digest) =
+                        (self.ids[&alive.publisher], alive.sent_at, alive.digest);
                     beats.push(Arc::new(Payload::Heartbeat { publisher, sent_at, digest, agents: None }));
                 }
                 (None, None, Vec::new(), beats)

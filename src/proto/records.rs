@@ -122,6 +122,16 @@ struct Newest {
     signed: Option<Arc<[u8]>>,
 }
 
+/// A publisher's newest heartbeat, as [`Records::newest_heartbeats`] gives it.
+#[derive(Debug, Clone)]
+pub struct Alive {
+    pub publisher: PeerId,
+    pub sent_at: u64,
+    pub digest: u64,
+    /// The heartbeat as signed, when kept.
+    pub signed: Option<Arc<[u8]>>,
+}
+
 /// What this node knows of one remote publisher besides its records.
 #[derive(Default)]
 struct PublisherState {
@@ -453,24 +463,25 @@ impl Records {
     }
 
     /// The newest heartbeat of every publisher whose newest heartbeat arrived at `since` or later and
-    /// that no declaration has marked down since, as `(publisher, sent_at, digest, signed message)`:
-    /// who is alive, as this node knows it. A node that just joined asks a peer for these (the
+    /// that no declaration has marked down since: who is alive, as this node knows it. A node that just joined asks a peer for these (the
     /// heartbeat topic would take a heartbeat interval or more to tell it). At most `max` of them, the
     /// most recently heard first.
-    pub fn newest_heartbeats(&self, since: Millis, max: usize) -> Vec<(PeerId, u64, u64, Option<Arc<[u8]>>)> {
-        let mut alive: Vec<_> = self
+    pub fn newest_heartbeats(&self, since: Millis, max: usize) -> Vec<Alive> {
+        let mut alive: Vec<(Millis, Alive)> = self
             .publishers
             .map
             .iter()
             .filter(|(_, s)| s.newest.at > 0 && s.newest.at >= since && s.down.is_none() && s.left.is_none())
-            .map(|(p, s)| (s.newest.at, *p, s.newest.sent_at, s.newest.digest, s.newest.signed.clone()))
+            .map(|(p, s)| {
+                let n = &s.newest;
+                (
+                    n.at,
+                    Alive { publisher: *p, sent_at: n.sent_at, digest: n.digest, signed: n.signed.clone() },
+                )
+            })
             .collect();
-        alive.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        alive
-            .into_iter()
-            .take(max)
-            .map(|(_, p, sent_at, digest, signed)| (p, sent_at, digest, signed))
-            .collect()
+        alive.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.publisher.cmp(&b.1.publisher)));
+        alive.into_iter().take(max).map(|(_, alive)| alive).collect()
     }
 
     /// The `sent_at` of the newest heartbeat heard of `publisher`, if any.

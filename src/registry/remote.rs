@@ -74,7 +74,7 @@ impl Registry {
         let mut bytes = 0;
         newest
             .into_iter()
-            .filter_map(|(_, _, _, signed)| signed)
+            .filter_map(|alive| alive.signed)
             .take_while(|signed| {
                 bytes += signed.len();
                 bytes <= MAX_HEARTBEATS_ANSWER_BYTES

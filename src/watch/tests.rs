@@ -100,3 +100,30 @@ fn subscribers_resume_from_their_last_event_or_get_the_view() {
     watch.advance(&[], 0, &t);
     assert_eq!(live.try_recv().unwrap().kind, Kind::Removed);
 }
+
+/// `refresh` compares only when the registry's tag moved or a health is due to change by age: a change
+/// the tag does not show is not seen until it does, and ageing is seen at its crossing.
+#[test]
+fn refresh_compares_when_the_tag_moves_or_a_health_is_due() {
+    let t = Thresholds::default();
+    let p = PeerId::random();
+    let a = entry("a", p, 1);
+    a.beat(1_000, Reported::Ready);
+    let watch = Watch::new(&[], 0, &t, 0);
+    assert_eq!(watch.refresh(std::slice::from_ref(&a), (1, 0), 1_000, &t), 1, "added");
+    a.beat(1_100, Reported::Offline);
+    assert_eq!(
+        watch.refresh(std::slice::from_ref(&a), (1, 0), 1_200, &t),
+        0,
+        "same tag, nothing due: skipped"
+    );
+    assert_eq!(watch.refresh(std::slice::from_ref(&a), (1, 1), 1_200, &t), 1, "the epoch moved");
+
+    let b = entry("b", p, 1);
+    b.beat(1_000, Reported::Ready);
+    let watch = Watch::new(&[], 0, &t, 0);
+    let degraded_at = 1_000 + t.degraded_after.as_millis() as u64;
+    assert_eq!(watch.refresh(std::slice::from_ref(&b), (1, 0), 1_000, &t), 1);
+    assert_eq!(watch.refresh(std::slice::from_ref(&b), (1, 0), degraded_at - 1, &t), 0);
+    assert_eq!(watch.refresh(std::slice::from_ref(&b), (1, 0), degraded_at, &t), 1, "degraded by age");
+}

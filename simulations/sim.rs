@@ -892,12 +892,8 @@ impl Sim {
                 let node = &self.nodes[i];
                 let now = self.now / MS;
                 let since = now.saturating_sub(self.thresholds.degraded_after.as_millis() as u64);
-                let mut beats = vec![Arc::new(Payload::Heartbeat {
-                    publisher: i,
-                    sent_at: now,
-                    digest: node.digest,
-                    agents: None,
-                })];
+                // Remote publishers only, as the daemon answers (its own came with the `List`).
+                let mut beats = Vec::new();
                 for alive in node.records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER) {
                     let (publisher, sent_at, digest) =
                         (self.ids[&alive.publisher], alive.sent_at, alive.digest);

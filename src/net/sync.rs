@@ -21,8 +21,8 @@ pub enum SyncRequest {
     List { publisher: ByteBuf },
     /// "Do you reach this peer?" (failure detection): answered with `reach`.
     Reach { target: ByteBuf },
-    /// "Who is alive?": answered with this node's newest heartbeat and the newest signed heartbeat of
-    /// every publisher it heard within `degraded_after` (bounded: `MAX_HEARTBEATS_ANSWER`,
+    /// "Who is alive?": answered with the newest signed heartbeat of every remote publisher this node
+    /// heard within `degraded_after` (its own comes with the `List` every connection asks for) (bounded: `MAX_HEARTBEATS_ANSWER`,
     /// `MAX_HEARTBEATS_ANSWER_BYTES`). Lists named by digest are fetched with `List` afterwards.
     Heartbeats,
 }
@@ -185,9 +185,9 @@ impl EventLoop {
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Heartbeats => {
-                let own = self.last_heartbeat.as_ref().map(|h| h.to_vec().into());
-                let others = self.registry.newest_heartbeats(now_millis());
-                let cards = own.into_iter().chain(others.iter().map(|m| m.to_vec().into())).collect();
+                // This node's own heartbeat is not among them: the asker has its `List` already.
+                let heartbeats = self.registry.newest_heartbeats(now_millis());
+                let cards = heartbeats.iter().map(|m| m.to_vec().into()).collect();
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Reach { target } => {

@@ -463,9 +463,9 @@ impl Records {
     }
 
     /// The newest heartbeat of every publisher whose newest heartbeat arrived at `since` or later and
-    /// that no declaration has marked down since: who is alive, as this node knows it. A node that just joined asks a peer for these (the
-    /// heartbeat topic would take a heartbeat interval or more to tell it). At most `max` of them, the
-    /// most recently heard first.
+    /// that no declaration has marked down since: who is alive, as this node knows it. A node that just
+    /// joined asks a peer for these (the heartbeat topic would take a heartbeat interval or more to
+    /// tell it). At most `max` of them, the most recently heard first.
     pub fn newest_heartbeats(&self, since: Millis, max: usize) -> Vec<Alive> {
         let mut alive: Vec<(Millis, Alive)> = self
             .publishers

@@ -98,7 +98,7 @@ fn measure(name: &str, registry: &Registry, index: &ViewIndex, raw: &str) {
     let query = Query::parse(raw).expect("valid query");
     let snapshot = registry.snapshot();
     // As the API does: JSON pages are assembled from records rendered once (warmed below).
-    let prepared = render::json::PreparedCache::default();
+    let prepared = render::prepared::PreparedCache::default();
     let thresholds = registry.thresholds();
     // As the API does: the index answers, an id allow-list is looked up in the snapshot.
     let pick = |now| {
@@ -113,8 +113,8 @@ fn measure(name: &str, registry: &Registry, index: &ViewIndex, raw: &str) {
         let sel = pick(now);
         let body = match query.format {
             Format::Json => render::json::render_prepared(&sel, &query, now, &prepared),
-            Format::Compact => render::compact::render(&sel, now),
-            Format::Xml => render::xml::render(&sel, &query, now),
+            Format::Compact => render::compact::render_prepared(&sel, now, &prepared),
+            Format::Xml => render::xml::render_prepared(&sel, &query, now, &prepared),
         };
         (body.len(), sel.total_agents)
     };
@@ -280,7 +280,7 @@ fn random_pages(registry: &Registry, index: &ViewIndex, agents: usize) {
     }) {
         return;
     }
-    let prepared = render::json::PreparedCache::default();
+    let prepared = render::prepared::PreparedCache::default();
     let thresholds = registry.thresholds();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut page = || {

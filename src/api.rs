@@ -48,7 +48,7 @@ pub struct AppState {
     /// The discovery filter index, kept in step with the registry's view.
     pub filters: Arc<crate::query::index::Indexer>,
     /// Records rendered for JSON answers, by the include flags asked.
-    pub prepared: Arc<render::json::PreparedCache>,
+    pub prepared: Arc<render::prepared::PreparedCache>,
     /// The capability search index, kept in step with the registry's view.
     pub search: Arc<crate::search::Engine>,
     /// Every metric family `/metrics` serves, and the discovery counters the request path updates.

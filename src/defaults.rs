@@ -86,8 +86,8 @@ pub const INDEX_CHUNK: usize = 256;
 /// record uses any more, after churn) before the next refresh starts a fresh dictionary.
 pub const INDEX_TERM_SLACK: usize = 65_536;
 
-/// Bytes of records rendered in advance for JSON answers (each record once per set of include flags
-/// asked): a random page over a view of 10,000 agents is then assembled from ready bytes.
+/// Bytes of records rendered in advance for discovery answers (each record once per format and set of
+/// include flags asked): a random page over a view of 10,000 agents is then assembled from ready bytes.
 pub const RENDER_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Discovery responses kept in the response cache.

@@ -158,15 +158,16 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
         };
         let body = match query.format {
             Format::Json => render::json::render_prepared(&sel, query, now, &app.prepared),
-            Format::Compact => render::compact::render(&sel, now),
-            Format::Xml => render::xml::render(&sel, query, now),
+            Format::Compact => render::compact::render_prepared(&sel, now, &app.prepared),
+            Format::Xml => render::xml::render_prepared(&sel, query, now, &app.prepared),
         };
         (body, sel.valid_until, sel.total_agents, sel.page.len())
     };
     // A JSON or compact page from an up-to-date filter index and the prepared records is a fraction
     // of a millisecond: handing the worker's other tasks to another thread would cost more than it.
-    // XML, the filters that read cards or the whole view, and bringing the index up to date can take
-    // milliseconds: let the runtime move other tasks off this worker meanwhile.
+    // XML (whose records, when first prepared, expand every schema), the filters that read cards or
+    // the whole view, and bringing the index up to date can take milliseconds: let the runtime move
+    // other tasks off this worker meanwhile.
     let index_current = app.filters.current().is_some_and(|i| i.generation() == snapshot.generation);
     let light = matches!(query.format, Format::Json | Format::Compact)
         && !query.needs_card()

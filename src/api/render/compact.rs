@@ -2,10 +2,12 @@
 
 use serde::Serialize;
 
+use super::prepared::{Form, Prepared, PreparedCache};
 use super::{reasoner_target, skill_target};
 use crate::clock::rfc3339;
 use crate::query::Selection;
 use crate::registry::health::Millis;
+use crate::registry::Entry;
 
 #[derive(Serialize)]
 struct Response<'a> {
@@ -48,4 +50,66 @@ pub fn render(sel: &Selection<'_>, now: Millis) -> Vec<u8> {
         }
     }
     serde_json::to_vec(&response).unwrap_or_default()
+}
+
+/// The record of `entry` prepared for compact answers: each capability's item.
+fn prepare(entry: &Entry) -> Prepared {
+    let agent_id = entry.key.agent_id.as_str();
+    let items = |caps: crate::card::held::Caps<'_>, target: fn(&str, &str) -> String| {
+        caps.map(|cap| {
+            let item =
+                Item { id: cap.id, agent_id, target: target(agent_id, cap.id), tags: cap.tags.collect() };
+            // Strings only: serialisation cannot fail.
+            serde_json::to_vec(&item).unwrap_or_default()
+        })
+        .collect()
+    };
+    let reasoners = items(entry.card.reasoners(), reasoner_target);
+    Prepared::new(entry, Vec::new(), reasoners, items(entry.card.skills(), skill_target))
+}
+
+/// The same bytes as [`render`], from records prepared once.
+pub fn render_prepared(sel: &Selection<'_>, now: Millis, cache: &PreparedCache) -> Vec<u8> {
+    let prepared = cache.page(&sel.page, Form::compact(), prepare);
+    let mut out = Vec::with_capacity(128 + prepared.iter().map(|p| p.bytes()).sum::<usize>());
+    out.extend_from_slice(br#"{"discovered_at":""#);
+    out.extend_from_slice(rfc3339(now).as_bytes());
+    out.extend_from_slice(br#"","reasoners":["#);
+    // Every reasoner of the page, then every skill.
+    let list = |reasoners: bool, out: &mut Vec<u8>| {
+        let mut any = false;
+        for (hit, p) in sel.page.iter().zip(&prepared) {
+            let mark = out.len();
+            if any {
+                out.push(b',');
+            }
+            let items = out.len();
+            let (caps, at) =
+                if reasoners { (&p.reasoners, &hit.reasoners) } else { (&p.skills, &hit.skills) };
+            Prepared::caps(caps, at, b",", out);
+            if out.len() == items {
+                out.truncate(mark);
+            } else {
+                any = true;
+            }
+        }
+    };
+    list(true, &mut out);
+    out.extend_from_slice(br#"],"skills":["#);
+    list(false, &mut out);
+    out.extend_from_slice(b"]}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepared_records_render_the_same_bytes_as_the_serialiser() {
+        crate::api::render::fixtures::same_bytes(
+            |sel, _, now| render(sel, now),
+            |sel, _, now, cache| render_prepared(sel, now, cache),
+        );
+    }
 }

@@ -10,11 +10,13 @@ use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
 use quick_xml::Writer;
 use serde_json::Value;
 
+use super::prepared::{Form, Prepared, PreparedCache};
 use super::{reasoner_target, skill_target};
 use crate::card::held::{CapRef, CardRef};
 use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
+use crate::registry::Entry;
 
 /// Nested schema objects deeper than this are not expanded.
 const MAX_SCHEMA_DEPTH: usize = 8;
@@ -73,8 +75,8 @@ fn tag<'a>(name: &'a str, attrs: &[(&str, &str)]) -> BytesStart<'a> {
     start
 }
 
-pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
-    let mut x = Xml { w: Writer::new(Vec::with_capacity(4096)) };
+/// The declaration, the `<discovery>` start and the summary, up to `<capabilities>`.
+fn opening(x: &mut Xml, sel: &Selection<'_>, q: &Query, now: Millis) {
     x.event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)));
     x.start("discovery", &[("discovered_at", &rfc3339(now))]);
     x.empty(
@@ -89,6 +91,11 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
         ],
     );
     x.start("capabilities", &[]);
+}
+
+pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
+    let mut x = Xml { w: Writer::new(Vec::with_capacity(4096)) };
+    opening(&mut x, sel, q, now);
     for hit in &sel.page {
         agent(&mut x, hit, q);
     }
@@ -97,23 +104,82 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
     x.w.into_inner()
 }
 
+/// The same bytes as [`render`], from records prepared once per set of include flags.
+pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &PreparedCache) -> Vec<u8> {
+    let prepared = cache.page(&sel.page, Form::xml(q), |entry| prepare(entry, q));
+    let mut x =
+        Xml { w: Writer::new(Vec::with_capacity(256 + prepared.iter().map(|p| p.bytes()).sum::<usize>())) };
+    opening(&mut x, sel, q, now);
+    let mut out = x.w.into_inner();
+    for (hit, p) in sel.page.iter().zip(&prepared) {
+        out.extend_from_slice(p.piece(0));
+        out.extend_from_slice(hit.health.as_str().as_bytes());
+        out.extend_from_slice(p.piece(1));
+        out.extend_from_slice(rfc3339(hit.last_heartbeat.unwrap_or(hit.entry.updated_at)).as_bytes());
+        out.extend_from_slice(p.piece(2));
+        Prepared::caps(&p.reasoners, &hit.reasoners, b"", &mut out);
+        out.extend_from_slice(b"</reasoners><skills>");
+        Prepared::caps(&p.skills, &hit.skills, b"", &mut out);
+        out.extend_from_slice(p.piece(3));
+    }
+    out.extend_from_slice(b"</capabilities></discovery>");
+    out
+}
+
+/// Stands in for the health and the last heartbeat in a prepared start tag: a byte that no cleaned
+/// text and no escape can hold, so the tag splits exactly there.
+const SLOT: &str = "\u{0}";
+
+/// The record of `entry` prepared for XML answers with `q`'s include flags: the `<agent>` start tag
+/// split around its health and last heartbeat, `</skills></agent>`, and each capability's element.
+fn prepare(entry: &Entry, q: &Query) -> Prepared {
+    let card = entry.card.view();
+    let mut x = Xml { w: Writer::new(Vec::new()) };
+    x.event(Event::Start(agent_tag(entry, &card, SLOT, SLOT)));
+    x.start("reasoners", &[]);
+    let tag = x.w.into_inner();
+    let mut pieces: Vec<Vec<u8>> = tag.split(|&b| b == 0).map(<[u8]>::to_vec).collect();
+    pieces.push(b"</skills></agent>".to_vec());
+    let element = |name, c: &CapRef<'_>, target: &str, is_reasoner| {
+        let mut x = Xml { w: Writer::new(Vec::new()) };
+        capability(&mut x, name, c, &card, target, q, is_reasoner);
+        x.w.into_inner()
+    };
+    let reasoners =
+        card.reasoners.iter().map(|c| element("reasoner", c, &reasoner_target(&card.agent_id, &c.id), true));
+    let skills = card.skills.iter().map(|c| element("skill", c, &skill_target(&card.agent_id, &c.id), false));
+    Prepared::new(entry, pieces, reasoners.collect(), skills.collect())
+}
+
+/// `<agent …>`; `health` and `last` (ASCII, from this node) are written as given, the card's texts
+/// cleaned.
+fn agent_tag<'a>(e: &Entry, card: &CardRef<'_>, health: &str, last: &str) -> BytesStart<'a> {
+    let mut start = BytesStart::new("agent");
+    let attrs = [
+        ("id", card.agent_id.as_ref(), true),
+        ("base_url", &card.base_url, true),
+        ("version", &card.version, true),
+        ("health_status", health, false),
+        ("deployment_type", &card.deployment_type, true),
+        ("last_heartbeat", last, false),
+        ("publisher", &e.publisher_name, true),
+    ];
+    let category = card.category.as_deref().map(|c| ("category", c, true));
+    for (name, value, from_card) in attrs.into_iter().chain(category) {
+        if from_card {
+            start.push_attribute((name, clean(value).as_ref()));
+        } else {
+            start.push_attribute((name, value));
+        }
+    }
+    start
+}
+
 fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
     let e = hit.entry;
     let card = e.card.view();
     let last = rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at));
-    let mut attrs: Vec<(&str, &str)> = vec![
-        ("id", &card.agent_id),
-        ("base_url", &card.base_url),
-        ("version", &card.version),
-        ("health_status", hit.health.as_str()),
-        ("deployment_type", &card.deployment_type),
-        ("last_heartbeat", &last),
-        ("publisher", &e.publisher_name),
-    ];
-    if let Some(category) = card.category.as_deref() {
-        attrs.push(("category", category));
-    }
-    x.start("agent", &attrs);
+    x.event(Event::Start(agent_tag(e, &card, hit.health.as_str(), &last)));
     x.start("reasoners", &[]);
     for c in hit.reasoners.iter().filter_map(|&i| card.reasoners.get(i)) {
         capability(x, "reasoner", c, &card, &reasoner_target(&card.agent_id, &c.id), q, true);
@@ -254,6 +320,11 @@ fn scalar(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepared_records_render_the_same_bytes_as_the_writer() {
+        crate::api::render::fixtures::same_bytes(render, render_prepared);
+    }
 
     #[test]
     fn forbidden_characters_are_replaced() {

@@ -155,9 +155,27 @@ impl Live {
     }
 }
 
+/// A number unique to one [`Entry`] object in this process: what is made from an entry (its prepared
+/// renderings) is kept under it, and a new version of a record is a new entry with a new number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryId(u64);
+
+impl EntryId {
+    fn next() -> EntryId {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        EntryId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn of(n: u64) -> EntryId {
+        EntryId(n)
+    }
+}
+
 /// One agent in the view.
 #[derive(Debug)]
 pub struct Entry {
+    pub id: EntryId,
     pub key: RecordKey,
     pub seq: u64,
     pub card: HeldCard,
@@ -177,7 +195,8 @@ impl Entry {
         let publisher_name = key.publisher.to_base58().into();
         let card = HeldCard::new(card);
         let sig = Box::default();
-        Self { key, seq, card, publisher_name, sig, origin, updated_at, live: Arc::new(Live::default()) }
+        let live = Arc::new(Live::default());
+        Self { id: EntryId::next(), key, seq, card, publisher_name, sig, origin, updated_at, live }
     }
 
     /// Marks the entry offline (its publisher was declared down), keeping its last heartbeat time.
@@ -686,8 +705,18 @@ impl Registry {
                 }
                 let publisher_name = self.publisher_name(publisher);
                 let sig = sig.into_boxed_slice();
-                let entry =
-                    Entry { key: key.clone(), seq, card, publisher_name, sig, origin, updated_at: now, live };
+                let id = EntryId::next();
+                let entry = Entry {
+                    id,
+                    key: key.clone(),
+                    seq,
+                    card,
+                    publisher_name,
+                    sig,
+                    origin,
+                    updated_at: now,
+                    live,
+                };
                 map.insert(key, Arc::new(entry));
                 if created {
                     Applied::Created { seq }
@@ -813,7 +842,8 @@ impl Registry {
             let card = HeldCard::new(&card);
             let publisher_name = self.publisher_name(self.me);
             let sig = sig.into_boxed_slice();
-            entries.push(Entry { key, seq, card, publisher_name, sig, origin, updated_at: now, live });
+            let id = EntryId::next();
+            entries.push(Entry { id, key, seq, card, publisher_name, sig, origin, updated_at: now, live });
         }
         // Each change starts from the seq before it, the batch's own earlier rows included.
         let mut seqs: std::collections::HashMap<&str, Option<u64>> = std::collections::HashMap::new();
@@ -941,6 +971,7 @@ fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypa
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
     let entry = |card: HeldCard, sig: Vec<u8>| Entry {
+        id: EntryId::next(),
         key: RecordKey { agent_id: row.agent_id.clone(), publisher },
         seq: row.seq,
         card,

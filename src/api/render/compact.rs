@@ -65,7 +65,7 @@ fn prepare(entry: &Entry) -> Prepared {
         .collect()
     };
     let reasoners = items(entry.card.reasoners(), reasoner_target);
-    Prepared::new(entry, Vec::new(), reasoners, items(entry.card.skills(), skill_target))
+    Prepared::new(Vec::new(), reasoners, items(entry.card.skills(), skill_target))
 }
 
 /// The same bytes as [`render`], from records prepared once.

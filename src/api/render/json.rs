@@ -196,7 +196,7 @@ fn prepare(entry: &Entry, q: &Query) -> Prepared {
     tail.extend_from_slice(&json(&agent.publisher));
     tail.extend_from_slice(format!(",\"local\":{},\"seq\":{}}}", agent.local, agent.seq).as_bytes());
     let caps = |list: &[Cap<'_>]| list.iter().map(|c| json(c)).collect();
-    Prepared::new(entry, vec![head, middle, before_caps, tail], caps(&agent.reasoners), caps(&agent.skills))
+    Prepared::new(vec![head, middle, before_caps, tail], caps(&agent.reasoners), caps(&agent.skills))
 }
 
 /// Appends the agent object of `hit` from its prepared record.

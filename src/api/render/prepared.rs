@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::defaults::RENDER_CACHE_BYTES;
 use crate::query::{Hit, Query};
-use crate::registry::{Entry, RecordKey};
+use crate::registry::{Entry, EntryId};
 
 /// Which render a record was prepared for: the format and the include flags it shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,9 +43,6 @@ fn include_bits(q: &Query) -> u8 {
 /// One record rendered once for one [`Form`].
 #[derive(Debug)]
 pub struct Prepared {
-    /// The record version it was made from: a record's content is fixed by its key and seq.
-    key: RecordKey,
-    seq: u64,
     /// The record's own bytes, in order, between which the format writes the request-time values.
     pub pieces: Box<[Box<[u8]>]>,
     /// Each reasoner's and each skill's bytes, in card order.
@@ -54,20 +51,9 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    pub fn new(
-        entry: &Entry,
-        pieces: Vec<Vec<u8>>,
-        reasoners: Vec<Vec<u8>>,
-        skills: Vec<Vec<u8>>,
-    ) -> Prepared {
+    pub fn new(pieces: Vec<Vec<u8>>, reasoners: Vec<Vec<u8>>, skills: Vec<Vec<u8>>) -> Prepared {
         let boxed = |list: Vec<Vec<u8>>| list.into_iter().map(Vec::into_boxed_slice).collect();
-        Prepared {
-            key: entry.key.clone(),
-            seq: entry.seq,
-            pieces: boxed(pieces),
-            reasoners: boxed(reasoners),
-            skills: boxed(skills),
-        }
+        Prepared { pieces: boxed(pieces), reasoners: boxed(reasoners), skills: boxed(skills) }
     }
 
     /// Bytes held (an estimate that counts the allocations' overhead).
@@ -92,7 +78,7 @@ impl Prepared {
     }
 }
 
-/// Hashes a record's address (already unique per live record): one multiplication, not SipHash.
+/// Hashes an entry's number (already unique): one multiplication, not SipHash.
 #[derive(Default)]
 struct AddressHasher(u64);
 
@@ -118,7 +104,9 @@ impl std::hash::Hasher for AddressHasher {
     }
 }
 
-type Key = (usize, Form);
+/// Kept under the entry it was made from (an entry's content never changes: a new version of a record
+/// is a new entry), so a lookup reads no more than the map's own slot.
+type Key = (EntryId, Form);
 type ByAddress = HashMap<Key, (Arc<Prepared>, u64), std::hash::BuildHasherDefault<AddressHasher>>;
 
 #[derive(Default)]
@@ -177,17 +165,9 @@ impl PreparedCache {
         form: Form,
         make: impl Fn(&Entry) -> Prepared,
     ) -> Vec<Arc<Prepared>> {
-        // Looked up by the record's address, and taken only when it is of the same record version
-        // (an address can be reused by another record once the first is gone).
-        let key = |entry: &Entry| (entry as *const Entry as usize, form);
+        let key = |entry: &Entry| (entry.id, form);
         let mut found: Vec<Option<Arc<Prepared>>> = match self.state.lock() {
-            Ok(state) => page
-                .iter()
-                .map(|h| {
-                    let held = state.map.get(&key(h.entry)).map(|(p, _)| p);
-                    held.filter(|p| p.seq == h.entry.seq && p.key == h.entry.key).cloned()
-                })
-                .collect(),
+            Ok(state) => page.iter().map(|h| state.map.get(&key(h.entry)).map(|(p, _)| p.clone())).collect(),
             Err(_) => vec![None; page.len()],
         };
         let mut made = Vec::new();
@@ -227,7 +207,7 @@ pub fn whole(entry: &Entry, reasoners: usize, skills: usize) -> Hit<'_> {
 mod tests {
     use super::*;
     use crate::card::AgentCard;
-    use crate::registry::Origin;
+    use crate::registry::{Origin, RecordKey};
 
     fn entry(seq: u64, url: &str) -> Entry {
         entry_of(RecordKey { agent_id: "a".into(), publisher: libp2p::PeerId::random() }, seq, url)
@@ -240,28 +220,21 @@ mod tests {
     }
 
     fn made(entry: &Entry) -> Prepared {
-        Prepared::new(
-            entry,
-            vec![entry.card.view().base_url.as_bytes().to_vec()],
-            vec![],
-            vec![b"s".to_vec()],
-        )
+        Prepared::new(vec![entry.card.view().base_url.as_bytes().to_vec()], vec![], vec![b"s".to_vec()])
     }
 
     #[test]
     fn a_new_version_of_a_record_is_never_served_from_an_older_one() {
         let cache = PreparedCache::default();
         let old = entry(1, "http://old");
-        let hit = |entry| whole(entry, 0, 1);
-        let first = cache.page(&[hit(&old)], Form::compact(), made).remove(0);
+        let first = cache.page(&[whole(&old, 0, 1)], Form::compact(), made).remove(0);
         assert_eq!(first.piece(0), b"http://old");
-        // Another version of the record at the address the old one had (a freed allocation reused).
+        // Another version of the same record, even one that takes the old one's place in memory.
         let new = entry_of(old.key.clone(), 2, "http://new");
-        let address = (&new as *const Entry as usize, Form::compact());
-        cache.state.lock().unwrap().insert(address, first);
-        let served = cache.page(&[hit(&new)], Form::compact(), made).remove(0);
+        drop(old);
+        let served = cache.page(&[whole(&new, 0, 1)], Form::compact(), made).remove(0);
         assert_eq!(served.piece(0), b"http://new");
-        assert_eq!(served.seq, 2);
+        assert!(cache.page(&[whole(&new, 0, 1)], Form::compact(), |_| unreachable!()).len() == 1, "kept");
     }
 
     #[test]
@@ -270,8 +243,7 @@ mod tests {
         let e = entry(1, "http://x");
         let hit = [whole(&e, 0, 1)];
         let piece = |form, text: &str| {
-            let p =
-                cache.page(&hit, form, |e| Prepared::new(e, vec![text.as_bytes().to_vec()], vec![], vec![]));
+            let p = cache.page(&hit, form, |_| Prepared::new(vec![text.as_bytes().to_vec()], vec![], vec![]));
             p[0].piece(0).to_vec()
         };
         let q = Query::default();
@@ -287,7 +259,7 @@ mod tests {
         let one = Arc::new(made(&e));
         let mut map = PreparedMap::default();
         let fits = RENDER_CACHE_BYTES / one.bytes();
-        let key = |n| (n, Form::compact());
+        let key = |n: usize| (EntryId::of(n as u64), Form::compact());
         for n in 0..3 * fits {
             map.insert(key(n), one.clone());
             // Insert some keys again: the queue keeps only their last insertion.

@@ -148,7 +148,7 @@ fn prepare(entry: &Entry, q: &Query) -> Prepared {
     let reasoners =
         card.reasoners.iter().map(|c| element("reasoner", c, &reasoner_target(&card.agent_id, &c.id), true));
     let skills = card.skills.iter().map(|c| element("skill", c, &skill_target(&card.agent_id, &c.id), false));
-    Prepared::new(entry, pieces, reasoners.collect(), skills.collect())
+    Prepared::new(pieces, reasoners.collect(), skills.collect())
 }
 
 /// `<agent …>`; `health` and `last` (ASCII, from this node) are written as given, the card's texts

@@ -349,7 +349,8 @@ impl AgentCard {
     /// Ed25519 is deterministic, so the same card always comes out the same.
     pub fn signed(mut self, key: &libp2p::identity::Keypair) -> Self {
         self.a2a_signature = None;
-        self.a2a_signature = a2a::view(&self).map(|view| a2a::sign(key, &view));
+        self.a2a_signature =
+            a2a::signed::payload_bytes(&self).map(|payload| a2a::sign_payload(key, &payload));
         self
     }
 
@@ -361,22 +362,22 @@ impl AgentCard {
     /// Checks the card's A2A signature as `publisher`'s: present exactly when the card has an A2A view,
     /// and valid over it.
     pub fn verify_a2a(&self, publisher: &libp2p::PeerId) -> Result<(), a2a::SignatureError> {
-        match (a2a::view(self), &self.a2a_signature) {
+        match (a2a::signed::payload_bytes(self), &self.a2a_signature) {
             (None, None) => Ok(()),
             (None, Some(_)) => Err(a2a::SignatureError::Unexpected),
             (Some(_), None) => Err(a2a::SignatureError::Missing),
-            (Some(view), Some(sig)) => a2a::verify(publisher, &view, sig),
+            (Some(payload), Some(sig)) => a2a::verify_payload(publisher, &payload, sig),
         }
     }
 
     /// What [`verify_a2a`](Self::verify_a2a) checks, with the signature itself left to the caller (to
     /// verify many in one batch): `None` when the card has no A2A view and no signature.
     pub fn a2a_claim(&self, publisher: &libp2p::PeerId) -> Result<Option<a2a::Claim>, a2a::SignatureError> {
-        match (a2a::view(self), &self.a2a_signature) {
+        match (a2a::signed::payload_bytes(self), &self.a2a_signature) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err(a2a::SignatureError::Unexpected),
             (Some(_), None) => Err(a2a::SignatureError::Missing),
-            (Some(view), Some(sig)) => a2a::claim(publisher, &view, sig).map(Some),
+            (Some(payload), Some(sig)) => a2a::claim_payload(publisher, &payload, sig).map(Some),
         }
     }
 

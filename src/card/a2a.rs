@@ -14,12 +14,16 @@
 //! canonicalised as doubles, as both RFC 8785 and the SDK's `Struct` do.
 //!
 //! Layout: [`schema`] (the A2A 1.0 card's shape, and the walk that reads JSON against it), [`legacy`]
-//! (A2A 0.3 cards read as 1.0), [`input`] (an A2A card as an agentmesh card, [`from_a2a`]).
+//! (A2A 0.3 cards read as 1.0), [`input`] (an A2A card as an agentmesh card, [`from_a2a`]), [`signed`]
+//! (the bytes a card's signature covers, written from the card without building its view), `cleaned`
+//! (the writer of clean canonical JSON it uses).
 
+mod cleaned;
 pub mod input;
 mod jcs;
 pub mod legacy;
 pub mod schema;
+pub mod signed;
 
 use std::borrow::Cow;
 
@@ -36,6 +40,8 @@ use super::{AgentCard, Capability, CardError};
 /// The extension that carries what A2A has no field for: the agent id, which A2A skills are reasoners,
 /// input and output JSON schemas, card tags.
 pub const EXTENSION_URI: &str = "urn:agentmesh:capabilities:v1";
+/// The `description` of that extension in every view.
+const EXTENSION_DESCRIPTION: &str = "agentmesh: agent id, reasoners, input and output JSON schemas";
 /// `protocolVersion` of the interface derived from `base_url` when a card names none.
 pub const PROTOCOL_VERSION: &str = "1.0";
 /// `protocolBinding` of that interface: AgentField agents answer plain HTTP with JSON bodies.
@@ -170,7 +176,7 @@ fn interfaces(card: &AgentCard) -> Vec<Value> {
 fn capabilities(card: &AgentCard, held: Option<Value>, details: Map<String, Value>) -> Value {
     let own = clean(json!({
         "uri": EXTENSION_URI,
-        "description": "agentmesh: agent id, reasoners, input and output JSON schemas",
+        "description": EXTENSION_DESCRIPTION,
         "params": {"agent_id": card.agent_id, "base_url": card.base_url,
             "deployment_type": card.deployment_type, "tags": card.tags,
             "category": card.category, "group_id": card.group_id, "metadata": card.metadata,
@@ -281,8 +287,15 @@ fn is_clean(value: &Value) -> bool {
     }
 }
 
-fn signing_input(protected: &str, view: &Value) -> String {
-    format!("{protected}.{}", URL_SAFE_NO_PAD.encode(canonical(&payload(view))))
+/// The JWS signing input over `payload`, the canonical bytes of a clean view.
+fn signing_input(protected: &str, payload: &[u8]) -> String {
+    format!("{protected}.{}", URL_SAFE_NO_PAD.encode(payload))
+}
+
+/// What is signed of `view`, as bytes. A card's own view is not built to be signed or checked: its
+/// bytes are written straight from the card by [`signed::payload_bytes`].
+fn payload_of(view: &Value) -> Vec<u8> {
+    canonical(&payload(view))
 }
 
 /// The protected header of every JWS this node makes: EdDSA, `kid` its PeerId.
@@ -302,15 +315,25 @@ pub fn detached_jws(key: &Keypair, payload: &[u8]) -> String {
 
 /// Signs an A2A view as `key`'s node.
 pub fn sign(key: &Keypair, view: &Value) -> JwsSignature {
+    sign_payload(key, &payload_of(view))
+}
+
+/// Signs what an A2A view's signature covers (its clean canonical bytes) as `key`'s node.
+pub fn sign_payload(key: &Keypair, payload: &[u8]) -> JwsSignature {
     let protected = protected_header(key);
-    let signature = key.sign(signing_input(&protected, view).as_bytes()).unwrap_or_default();
+    let signature = key.sign(signing_input(&protected, payload).as_bytes()).unwrap_or_default();
     JwsSignature { protected, signature: URL_SAFE_NO_PAD.encode(signature) }
 }
 
 /// Checks that `sig` is `publisher`'s EdDSA signature over `view`. The key comes from the PeerId the
 /// mesh envelope was verified against, never from the header.
 pub fn verify(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<(), SignatureError> {
-    let claim = claim(publisher, view, sig)?;
+    verify_payload(publisher, &payload_of(view), sig)
+}
+
+/// [`verify`] over a view's clean canonical bytes.
+pub fn verify_payload(publisher: &PeerId, payload: &[u8], sig: &JwsSignature) -> Result<(), SignatureError> {
+    let claim = claim_payload(publisher, payload, sig)?;
     let key = crate::identity::public_key(publisher).ok_or(SignatureError::Publisher)?;
     if key.verify(&claim.input, &claim.signature) {
         Ok(())
@@ -328,6 +351,15 @@ pub struct Claim {
 }
 
 pub fn claim(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<Claim, SignatureError> {
+    claim_payload(publisher, &payload_of(view), sig)
+}
+
+/// [`claim`] over a view's clean canonical bytes.
+pub fn claim_payload(
+    publisher: &PeerId,
+    payload: &[u8],
+    sig: &JwsSignature,
+) -> Result<Claim, SignatureError> {
     let header = sig.header()?;
     if header.get("alg").and_then(Value::as_str) != Some(JWS_ALG) {
         return Err(SignatureError::Algorithm);
@@ -336,7 +368,7 @@ pub fn claim(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<Cla
         return Err(SignatureError::KeyId);
     }
     let signature = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
-    Ok(Claim { input: signing_input(&sig.protected, view).into_bytes(), signature })
+    Ok(Claim { input: signing_input(&sig.protected, payload).into_bytes(), signature })
 }
 
 /// What the `signatures` of an A2A card as received cover: the card without them as the A2A model

@@ -49,7 +49,7 @@ fn write(value: &Value, out: &mut Vec<u8>) {
 
 /// Names compare by UTF-16 code units (RFC 8785 §3.2.3). For text without characters beyond the
 /// Basic Multilingual Plane that is the order of the UTF-8 bytes; with them, it is not.
-fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+pub(super) fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
     if a.is_ascii() && b.is_ascii() {
         a.as_bytes().cmp(b.as_bytes())
     } else {
@@ -57,7 +57,7 @@ fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
     }
 }
 
-fn string(s: &str, out: &mut Vec<u8>) {
+pub(super) fn string(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = s.as_bytes();
@@ -83,7 +83,7 @@ fn string(s: &str, out: &mut Vec<u8>) {
 }
 
 /// A number as ECMAScript prints the double it is (JSON has no other number type).
-fn number(n: &Number, out: &mut Vec<u8>) {
+pub(super) fn number(n: &Number, out: &mut Vec<u8>) {
     match (n.as_u64(), n.as_i64()) {
         // Integers a double holds exactly print as themselves.
         (Some(u), _) if u <= 1 << 53 => out.extend_from_slice(u.to_string().as_bytes()),

@@ -8,7 +8,8 @@
 #   2. closed loop, wrk, 1,000 connections, random pages of 100 (every query new to the cache);
 #   3. fixed rate, oha, 1,000 req/s over 1,000 connections, latency corrected for coordinated omission;
 # with the daemon's RSS after each. Installs wrk and nginx (Debian) and oha (crates.io) when missing.
-# Usage: simulations/bench-http.sh            (env: AGENTS, PORT, DURATION)
+# Usage: simulations/bench-http.sh            (env: AGENTS, PORT, DURATION; FIXED_RATE=0 skips step 3
+#                                               and the oha install, which builds it from source)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,8 @@ QUERY="/api/v1/discovery/capabilities?limit=100"
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && apt-get install -y -qq wrk nginx-light >/dev/null
 fi
-if ! command -v oha >/dev/null; then
+FIXED_RATE=${FIXED_RATE:-1}
+if [ "$FIXED_RATE" != 0 ] && ! command -v oha >/dev/null; then
   cargo install oha --locked
 fi
 ulimit -n "$(ulimit -Hn)"  # 1,000 connections need more than the usual 1,024 descriptors
@@ -90,9 +92,13 @@ http {
   server { listen 127.0.0.1:$NGINX_PORT; root $work/nginx/html; default_type application/json; }
 }
 CONF
+# nginx's workers drop root for an unprivileged user, which must be able to read the page.
+chmod 755 "$work" "$work/nginx" "$work/nginx/html"
+chmod 644 "$work/nginx/html/page.json"
 nginx -c "$work/nginx/nginx.conf" -p "$work/nginx" &
 nginx_pid=$!
-until curl -sf "127.0.0.1:$NGINX_PORT/page.json" >/dev/null; do sleep 0.05; done
+for _ in $(seq 200); do curl -sf "127.0.0.1:$NGINX_PORT/page.json" >/dev/null && break; sleep 0.05; done
+curl -sf "127.0.0.1:$NGINX_PORT/page.json" >/dev/null || { echo "nginx does not serve the page"; cat "$work/nginx/logs/error.log"; exit 1; }
 echo "nginx serves $(stat -c %s "$work/nginx/html/page.json") bytes"
 wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$NGINX_PORT/page.json"
 kill "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
@@ -101,6 +107,8 @@ echo "== closed loop, uncached queries, wrk -t1 -c1000 -d${DURATION}s -s simulat
 AGENTS=$AGENTS wrk -t1 -c1000 -d"${DURATION}s" --latency -s simulations/wrk-uncached.lua "http://127.0.0.1:$PORT"
 echo "rss: $(rss)"
 
-echo "== fixed rate 1000 req/s, oha -c 1000 -q 1000 -z ${DURATION}s --latency-correction"
-oha --no-tui -c 1000 -q 1000 -z "${DURATION}s" --latency-correction "http://127.0.0.1:$PORT$QUERY"
-echo "rss: $(rss)"
+if [ "$FIXED_RATE" != 0 ]; then
+  echo "== fixed rate 1000 req/s, oha -c 1000 -q 1000 -z ${DURATION}s --latency-correction"
+  oha --no-tui -c 1000 -q 1000 -z "${DURATION}s" --latency-correction "http://127.0.0.1:$PORT$QUERY"
+  echo "rss: $(rss)"
+fi

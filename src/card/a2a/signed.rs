@@ -5,7 +5,7 @@
 //! heard. Building the view as a `Value` tree, cleaning it and canonicalising it allocated every name
 //! and string, re-parsed every schema into a tree of maps, and cost more than the signature checks.
 //! Here each part of the view is written in its clean canonical form as it is derived
-//! ([`cleaned::Writer`]): derived members in name order, raw JSON streamed through the parser.
+//! (`cleaned::Writer`): derived members in name order, raw JSON streamed through the parser.
 //! [`view`](super::view) stays what is served, and the definition these bytes must match.
 
 use std::borrow::Cow;

@@ -50,8 +50,10 @@ start_daemon() {
     --listen /ip4/127.0.0.1/tcp/0 --max-agents-per-publisher "$limit" --log-format json \
     2>>"$work/daemon.log" &
   pid=$!
+  local deadline=$((started + 120000000000))  # 120 s
   until curl -sf "127.0.0.1:$PORT/api/v1/health" 2>/dev/null | grep -q "\"agents\":$AGENTS,"; do
     kill -0 "$pid" 2>/dev/null || { tail -5 "$work/daemon.log"; exit 1; }
+    [ "$(date +%s%N)" -lt "$deadline" ] || { echo "not ready within 120 s"; tail -5 "$work/daemon.log"; exit 1; }
     sleep 0.005
   done
   echo "ready after $(( ($(date +%s%N) - started) / 1000000 )) ms"

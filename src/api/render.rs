@@ -18,7 +18,7 @@ pub fn skill_target(agent_id: &str, skill_id: &str) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod fixtures {
+mod tests {
     use std::sync::Arc;
 
     use super::prepared::PreparedCache;
@@ -29,7 +29,7 @@ pub(crate) mod fixtures {
 
     /// Three records: one with every field a format shows (markup, quotes, non-ASCII, schemas with
     /// fields, examples), and two plain ones; with health from heartbeats or none.
-    pub fn entries() -> Vec<Arc<Entry>> {
+    fn entries() -> Vec<Arc<Entry>> {
         let publisher = libp2p::PeerId::random();
         let cards = [
             serde_json::json!({"agent_id": "a1", "base_url": "http://h:1/?a=1&b=<2>", "version": "1.0.0",
@@ -69,7 +69,7 @@ pub(crate) mod fixtures {
 
     /// Asserts that `prepared` answers every query of a varied set with the bytes `plain` renders,
     /// both when it prepares the records and when it finds them held.
-    pub fn same_bytes(
+    fn same_bytes(
         plain: impl Fn(&Selection<'_>, &Query, Millis) -> Vec<u8>,
         prepared: impl Fn(&Selection<'_>, &Query, Millis, &PreparedCache) -> Vec<u8>,
     ) {
@@ -100,5 +100,15 @@ pub(crate) mod fixtures {
             }
         }
         assert!(cache.bytes() > 0);
+    }
+
+    #[test]
+    fn every_prepared_renderer_gives_the_plain_renderers_bytes() {
+        same_bytes(super::json::render, super::json::render_prepared);
+        same_bytes(super::xml::render, super::xml::render_prepared);
+        same_bytes(
+            |sel, _, now| super::compact::render(sel, now),
+            |sel, _, now, cache| super::compact::render_prepared(sel, now, cache),
+        );
     }
 }

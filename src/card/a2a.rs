@@ -313,12 +313,8 @@ pub fn detached_jws(key: &Keypair, payload: &[u8]) -> String {
     format!("{protected}..{}", URL_SAFE_NO_PAD.encode(signature))
 }
 
-/// Signs an A2A view as `key`'s node.
-pub fn sign(key: &Keypair, view: &Value) -> JwsSignature {
-    sign_payload(key, &payload_of(view))
-}
-
-/// Signs what an A2A view's signature covers (its clean canonical bytes) as `key`'s node.
+/// Signs what an A2A view's signature covers (its clean canonical bytes, [`signed::payload_bytes`]) as
+/// `key`'s node.
 pub fn sign_payload(key: &Keypair, payload: &[u8]) -> JwsSignature {
     let protected = protected_header(key);
     let signature = key.sign(signing_input(&protected, payload).as_bytes()).unwrap_or_default();
@@ -350,11 +346,7 @@ pub struct Claim {
     pub signature: Vec<u8>,
 }
 
-pub fn claim(publisher: &PeerId, view: &Value, sig: &JwsSignature) -> Result<Claim, SignatureError> {
-    claim_payload(publisher, &payload_of(view), sig)
-}
-
-/// [`claim`] over a view's clean canonical bytes.
+/// The claim of `sig` over `payload`, a view's clean canonical bytes.
 pub fn claim_payload(
     publisher: &PeerId,
     payload: &[u8],

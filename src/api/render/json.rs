@@ -256,14 +256,3 @@ pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &Prep
     out.extend_from_slice(b"]}");
     out
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::render::fixtures;
-
-    #[test]
-    fn prepared_records_render_the_same_bytes_as_the_serialiser() {
-        fixtures::same_bytes(render, render_prepared);
-    }
-}

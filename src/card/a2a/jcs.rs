@@ -111,46 +111,57 @@ pub(super) fn number(n: &Number, out: &mut Vec<u8>) {
     }
 }
 
+/// Random texts for the tests of canonical JSON and of what is written in it.
+#[cfg(test)]
+pub(super) mod random {
+    use rand::rngs::StdRng;
+    use rand::Rng;
+
+    /// Empty, ASCII, characters that need escapes, two and three bytes, beyond the BMP.
+    pub const PIECES: &[&str] = &[
+        "a",
+        "b",
+        "Z",
+        "_",
+        "-",
+        "0",
+        " ",
+        "é",
+        "ö",
+        "€",
+        "日本",
+        "\u{2028}",
+        "\u{7f}",
+        "\u{ffff}",
+        "\u{fb01}",
+        "\u{10000}",
+        "😀",
+        "\u{10ffff}",
+        "\"",
+        "\\",
+        "/",
+        "\n",
+        "\t",
+        "\r",
+        "\u{1}",
+        "\u{8}",
+        "\u{c}",
+        "\u{1f}",
+    ];
+
+    /// Text of 0 to 5 pieces.
+    pub fn text(rng: &mut StdRng) -> String {
+        (0..rng.random_range(0..6)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::random::text;
     use super::*;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use serde_json::{json, Map};
-
-    fn text(rng: &mut StdRng) -> String {
-        const PIECES: &[&str] = &[
-            "a",
-            "b",
-            "Z",
-            "_",
-            "-",
-            "0",
-            "é",
-            "ö",
-            "\u{2028}",
-            "\u{7f}",
-            "\u{1}",
-            "\u{1f}",
-            "\"",
-            "\\",
-            "/",
-            "\n",
-            "\t",
-            "\r",
-            "\u{8}",
-            "\u{c}",
-            "€",
-            "\u{ffff}",
-            "\u{10000}",
-            "😀",
-            "\u{10ffff}",
-            "日本",
-            " ",
-        ];
-        let len = rng.random_range(0..6);
-        (0..len).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
-    }
 
     fn value(rng: &mut StdRng, depth: u32) -> Value {
         match rng.random_range(0..if depth > 3 { 5 } else { 7 }) {

@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::payload_bytes;
+use crate::card::a2a::jcs::random::{text, PIECES};
 use crate::card::a2a::{canonical, from_a2a, payload, served, view, EXTENSION_URI};
 use crate::card::AgentCard;
 
@@ -28,42 +29,6 @@ fn assert_same(card: &AgentCard) {
             text(want)
         );
     }
-}
-
-const PIECES: &[&str] = &[
-    "a",
-    "b",
-    "Z",
-    "_",
-    "-",
-    "0",
-    " ",
-    "é",
-    "ö",
-    "€",
-    "日本",
-    "\u{2028}",
-    "\u{7f}",
-    "\u{ffff}",
-    "\u{fb01}",
-    "\u{10000}",
-    "😀",
-    "\u{10ffff}",
-    "\"",
-    "\\",
-    "/",
-    "\n",
-    "\t",
-    "\r",
-    "\u{1}",
-    "\u{8}",
-    "\u{c}",
-    "\u{1f}",
-];
-
-/// Text of 0 to 5 pieces: empty, unicode, characters that need escapes, beyond the BMP.
-fn text(rng: &mut StdRng) -> String {
-    (0..rng.random_range(0..6)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
 }
 
 /// Text without control characters or `,` (tags, media types, metadata values): never empty.

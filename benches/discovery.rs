@@ -195,7 +195,7 @@ fn main() {
             .entries
             .iter()
             .take(64)
-            .map(|e| format!("{} {}", e.key.agent_id, e.card.json().chars().take(200).collect::<String>()))
+            .map(|e| format!("{} {}", e.key.agent_id, e.card.text().chars().take(200).collect::<String>()))
             .collect();
         let flag = stop.clone();
         let worker = std::thread::spawn(move || {
@@ -258,10 +258,10 @@ fn main() {
     });
     let entry = &snapshot.entries[agents / 2];
     time("A2A card of one agent (parse, view, serialise; `GET .../agent-card.json`)", || {
-        let card = AgentCard::from_json(entry.card.json().as_bytes()).expect("held cards are valid");
+        let card = AgentCard::from_json(entry.card.text().as_bytes()).expect("held cards are valid");
         serde_json::to_vec(&a2a::served(&card)).map(|b| b.len()).unwrap_or_default()
     });
-    let card = AgentCard::from_json(entry.card.json().as_bytes()).expect("held cards are valid");
+    let card = AgentCard::from_json(entry.card.text().as_bytes()).expect("held cards are valid");
     let key = Identity::ephemeral().keypair().clone();
     time("A2A signature of one card (view, RFC 8785, Ed25519; at registration)", || {
         card.clone().signed(&key)

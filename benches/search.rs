@@ -340,7 +340,7 @@ fn speed(cards: &[Value], queries: &[Labelled]) {
     // One card changes: the index follows by difference.
     let mut entries = snap.entries.clone();
     let changed = entries[0].clone();
-    let card = AgentCard::from_json(changed.card.json().as_bytes()).expect("card");
+    let card = AgentCard::from_json(changed.card.text().as_bytes()).expect("card");
     entries[0] = Arc::new(Entry::new(changed.key.clone(), changed.seq + 1, &card, Origin::Remote, 2));
     let next = Snapshot::new(2, entries);
     let t = Instant::now();

@@ -243,6 +243,8 @@ struct Node {
     records: Records,
     view: HashMap<RecordKey, Rec>,
     index_dirty: bool,
+    /// The records of its reconciliation index, in the order the index names them by.
+    indexed: Vec<RecordKey>,
     /// Its own agents, with their seqs.
     agents: Vec<(Arc<str>, u64)>,
     list: Arc<Vec<HeartbeatAgent>>,
@@ -339,6 +341,7 @@ impl Sim {
             records: Records::new(peer, Limits::default()),
             view: HashMap::new(),
             index_dirty: true,
+            indexed: Vec::new(),
             agents,
             list: Arc::new(Vec::new()),
             digest: 0,
@@ -627,8 +630,9 @@ impl Sim {
     fn refresh_index(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         if node.index_dirty {
-            let records = node.view.iter().map(|(k, r)| (k.publisher, k.agent_id.clone(), r.seq));
+            let records = node.view.iter().map(|(k, r)| (&k.publisher, k.agent_id.as_str(), r.seq));
             let index = Arc::new(Index::build(records));
+            node.indexed = node.view.keys().cloned().collect();
             node.index_dirty = false;
             let now = self.now / MS;
             node.state.handle(Event::View(index), now);
@@ -859,11 +863,10 @@ impl Sim {
                 let cards = ids
                     .iter()
                     .take(FETCH_BATCH)
-                    .filter_map(|id| index.key(id))
-                    .filter_map(|(publisher, agent)| {
-                        let rec =
-                            node.view.get(&RecordKey { agent_id: agent.clone(), publisher: *publisher })?;
-                        Some((self.ids[publisher], Arc::from(agent.as_str()), rec.seq))
+                    .filter_map(|id| node.indexed.get(index.position(id)?))
+                    .filter_map(|key| {
+                        let rec = node.view.get(key)?;
+                        Some((self.ids[&key.publisher], Arc::from(key.agent_id.as_str()), rec.seq))
                     })
                     .collect();
                 (None, None, cards, Vec::new())

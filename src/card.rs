@@ -10,7 +10,7 @@ pub mod held;
 pub mod reported;
 
 pub use a2a::JwsSignature;
-pub use held::HeldCard;
+pub use held::{CardText, HeldCard};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;

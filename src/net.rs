@@ -245,7 +245,7 @@ pub async fn spawn(
         unannounced,
         last_heartbeat: None,
         requests: HashMap::new(),
-        index_generation: None,
+        indexed: None,
         state: State::new(
             state::Config { list_refetch: config_heartbeat.as_millis() as u64 },
             rand::random(),
@@ -290,8 +290,8 @@ struct EventLoop {
     /// most `MAX_SYNC_IN_FLIGHT`), and the span its answer is handled in (the ingest of the records
     /// it brings included).
     requests: HashMap<request_response::OutboundRequestId, (state::RequestId, tracing::Span)>,
-    /// The view generation of the index the protocol state holds.
-    index_generation: Option<u64>,
+    /// The snapshot the protocol state's reconciliation index was built from (see `index`).
+    indexed: Option<Arc<crate::registry::Snapshot>>,
 }
 
 impl EventLoop {

@@ -42,7 +42,7 @@ pub async fn run(
             .entries
             .iter()
             .filter(|e| e.origin == Origin::Local(Liveness::Node))
-            .map(|e| (e.key.agent_id.clone(), e.card.view().base_url.trim_end_matches('/').to_owned()))
+            .map(|e| (e.key.agent_id.clone(), e.card.text().view().base_url.trim_end_matches('/').to_owned()))
             // Only HTTP agents can be probed; one reached by a message-bus subject reports for itself.
             .filter(|(_, base_url)| base_url.starts_with("http"))
             .collect();

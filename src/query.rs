@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use std::collections::HashMap;
 
-use crate::card::held::{CapIndex, CapRef, CardRef};
+use crate::card::held::{CapIndex, CapRef, CardRef, CardText};
 use crate::card::reported::Lifecycle;
 use crate::defaults::{
     DISCOVERY_LIMIT, MAX_DISCOVERY_LIMIT, MAX_DISCOVERY_OFFSET, MAX_QUERY_IDS, MAX_QUERY_METADATA,
@@ -433,7 +433,8 @@ impl Query {
         if !self.admits_agent(entry, latest) {
             return false;
         }
-        match self.needs_card().then(|| card.view()) {
+        let text = self.needs_card().then(|| card.text());
+        match text.as_ref().map(CardText::view) {
             Some(v) => {
                 let list = if reasoner { &v.reasoners } else { &v.skills };
                 list.get(position).is_some_and(|c| self.admits_fields(&v, c))
@@ -609,7 +610,8 @@ pub fn select<'a, E: AsRef<Entry> + 'a>(
             return;
         }
         let card = &entry.card;
-        let view = query.needs_card().then(|| card.view());
+        let text = query.needs_card().then(|| card.text());
+        let view = text.as_ref().map(CardText::view);
         let fields_ok = |reasoner: bool, i: usize| match &view {
             Some(v) => {
                 let list = if reasoner { &v.reasoners } else { &v.skills };

@@ -7,12 +7,13 @@
 //! Heartbeat times live beside the snapshot in atomics shared by every snapshot generation: a
 //! heartbeat is one atomic store, not a snapshot rebuild.
 
+mod entries;
 pub mod health;
 pub mod remote;
 pub mod store;
 pub mod witness;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use tokio::sync::broadcast;
 
 use crate::card::{AgentCard, HeldCard};
 use crate::proto::records::Admission;
+use entries::Entries;
 use health::{Health, Millis, Reported, Thresholds};
 use store::{Row, SealKey, Store, StoreError};
 
@@ -252,7 +254,7 @@ impl Entry {
         let body = crate::wire::CardBody {
             agent_id: self.key.agent_id.clone(),
             seq: self.seq,
-            card: self.card.json().to_owned(),
+            card: self.card.text().into_string(),
         };
         crate::wire::reseal_card(self.key.publisher, &body, self.sig.to_vec())
     }
@@ -381,7 +383,7 @@ pub struct Registry {
     thresholds: Thresholds,
     /// The authoritative map. A tokio mutex because writers hold it across the store flush, which
     /// serialises writes so that the disk and the view change in the same order.
-    writer: tokio::sync::Mutex<BTreeMap<RecordKey, Arc<Entry>>>,
+    writer: tokio::sync::Mutex<Entries>,
     snapshot: ArcSwap<Snapshot>,
     health_epoch: AtomicU64,
     names: PublisherNames,
@@ -551,7 +553,7 @@ impl Registry {
         // Re-registering the same card (an agent restarting, card files at every start) writes nothing,
         // so it neither wears the disk nor sends a new version around the mesh.
         let applied = match held {
-            Some(e) if e.origin == origin && e.card.json().as_bytes() == card.to_json() => {
+            Some(e) if e.origin == origin && e.card.text().as_bytes() == card.to_json() => {
                 Applied::Unchanged { seq: e.seq }
             }
             _ => {
@@ -659,7 +661,7 @@ impl Registry {
     /// Applies one update to the writer's map and the store; the caller publishes the view.
     async fn apply_locked(
         &self,
-        map: &mut BTreeMap<RecordKey, Arc<Entry>>,
+        map: &mut Entries,
         update: Update,
         now: Millis,
     ) -> Result<Applied, RegistryError> {
@@ -674,17 +676,12 @@ impl Registry {
                     Admission::Over(limit) => return Ok(Applied::OverLimit(limit)),
                 };
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
-                let card = HeldCard::new(&card);
+                let json = card.to_json();
+                let card = HeldCard::with_text(&card, &json);
                 let pub_bytes = publisher.to_bytes();
-                let mut row = Row::new(
-                    &pub_bytes,
-                    key.agent_id.clone(),
-                    seq,
-                    origin.to_u8(),
-                    now,
-                    card.json().to_owned(),
-                    &sig,
-                );
+                let json = String::from_utf8(json).unwrap_or_default();
+                let mut row =
+                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, json, &sig);
                 self.seal.seal(&mut row);
                 let write = self.store.put(&row, origin != Origin::Remote);
                 let stored = if origin == Origin::Remote {
@@ -717,7 +714,7 @@ impl Registry {
                     updated_at: now,
                     live,
                 };
-                map.insert(key, Arc::new(entry));
+                map.insert(Arc::new(entry));
                 if created {
                     Applied::Created { seq }
                 } else {
@@ -784,7 +781,7 @@ impl Registry {
         result
     }
 
-    fn publish(&self, map: &BTreeMap<RecordKey, Arc<Entry>>) {
+    fn publish(&self, map: &Entries) {
         let generation = self.snapshot.load().generation + 1;
         self.snapshot.store(Arc::new(Snapshot::new(generation, map.values().cloned().collect())));
     }
@@ -829,7 +826,9 @@ impl Registry {
             let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
             let sig = self.sign(&card, seq);
-            let json = String::from_utf8(card.to_json()).unwrap_or_default();
+            let json = card.to_json();
+            let held = HeldCard::with_text(&card, &json);
+            let json = String::from_utf8(json).unwrap_or_default();
             let mut row =
                 Row::new(&self.me.to_bytes(), key.agent_id.clone(), seq, origin.to_u8(), now, json, &sig);
             self.seal.seal(&mut row);
@@ -839,7 +838,7 @@ impl Registry {
             if liveness == Liveness::Agent {
                 live.beat(now, Reported::Ready);
             }
-            let card = HeldCard::new(&card);
+            let card = held;
             let publisher_name = self.publisher_name(self.me);
             let sig = sig.into_boxed_slice();
             let id = EntryId::next();
@@ -857,7 +856,7 @@ impl Registry {
         let count = entries.len();
         for entry in entries {
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });
-            map.insert(entry.key.clone(), Arc::new(entry));
+            map.insert(Arc::new(entry));
         }
         self.publish(&map);
         Ok(count)
@@ -878,6 +877,8 @@ fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+    // SAFETY: mi_collect frees mimalloc's own unused memory; it touches no live allocation.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// Rows handed to a loading thread at once.
@@ -895,7 +896,7 @@ fn load_view(
     names: &PublisherNames,
     signer: &Keypair,
     seal: &SealKey,
-) -> Result<(BTreeMap<RecordKey, Arc<Entry>>, OpenReport), StoreError> {
+) -> Result<(Entries, OpenReport), StoreError> {
     use std::sync::mpsc::sync_channel;
     type Loaded = Vec<(String, bool, Option<Entry>)>;
     let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(LOAD_THREADS);
@@ -925,7 +926,7 @@ fn load_view(
         }
         drop(loaded_tx);
         let collector = scope.spawn(move || {
-            let mut map = BTreeMap::new();
+            let mut map = Entries::default();
             let mut report = OpenReport::default();
             for (agent_id, sealed, entry) in loaded_rx.into_iter().flatten() {
                 match entry {
@@ -936,7 +937,7 @@ fn load_view(
                         } else {
                             report.remote += 1;
                         }
-                        map.insert(entry.key.clone(), Arc::new(entry));
+                        map.insert(Arc::new(entry));
                     }
                     None => {
                         tracing::warn!(%agent_id, "skipping stored record that does not validate");
@@ -1105,6 +1106,6 @@ mod tests {
         }
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 0, 1, 1));
-        assert!(r.snapshot().entries.iter().all(|e| !e.card.json().contains("evil")));
+        assert!(r.snapshot().entries.iter().all(|e| !e.card.text().contains("evil")));
     }
 }

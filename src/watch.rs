@@ -80,7 +80,7 @@ impl Event {
             data["previous_health_status"] = serde_json::json!(previous.as_str());
         }
         if matches!(self.kind, Kind::Added | Kind::Updated) {
-            data["card"] = serde_json::json!(e.card.raw());
+            data["card"] = serde_json::json!(e.card.text().raw());
         }
         data
     }

@@ -43,7 +43,7 @@ pub async fn agent_card(
 }
 
 fn card_response(entry: &Arc<Entry>, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let card = AgentCard::from_json(entry.card.json().as_bytes()).map_err(|e| ApiError::internal(&e))?;
+    let card = AgentCard::from_json(entry.card.text().as_bytes()).map_err(|e| ApiError::internal(&e))?;
     let served = a2a::served(&card).ok_or_else(|| {
         ApiError::NotFound(format!(
             "A2A card of agent `{}` (it has no reasoner or skill, and an A2A card needs one)",

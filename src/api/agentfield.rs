@@ -244,7 +244,7 @@ fn lifecycle(health: Health, reported: Reported) -> &'static str {
 /// An entry as AgentField shows a node: the card's fields plus status.
 fn node_json(e: &Entry, app: &AppState, now: u64) -> Value {
     let health = e.health(now, app.registry.thresholds());
-    let mut node: Value = serde_json::from_str(e.card.json()).unwrap_or_else(|_| json!({}));
+    let mut node: Value = serde_json::from_str(&e.card.text()).unwrap_or_else(|_| json!({}));
     if let Some(fields) = node.as_object_mut() {
         if let Some(id) = fields.shift_remove("agent_id") {
             fields.insert("id".into(), id);

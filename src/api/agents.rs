@@ -32,7 +32,7 @@ pub struct RecordView<'a> {
     pub lifecycle: &'static str,
     pub last_heartbeat: Option<String>,
     pub updated_at: String,
-    pub card: &'a serde_json::value::RawValue,
+    pub card: crate::card::CardText,
 }
 
 pub fn record_view<'a>(e: &'a Entry, app: &AppState, now: u64) -> RecordView<'a> {
@@ -45,7 +45,7 @@ pub fn record_view<'a>(e: &'a Entry, app: &AppState, now: u64) -> RecordView<'a>
         lifecycle: e.lifecycle().as_str(),
         last_heartbeat: e.last_heartbeat(now).map(rfc3339),
         updated_at: rfc3339(e.updated_at),
-        card: e.card.raw(),
+        card: e.card.text(),
     }
 }
 

@@ -77,7 +77,7 @@ fn build(app: &AppState, snapshot: &Snapshot) -> Built {
 /// One agent as a catalog entry: its A2A card (with its publisher's signature) inline. Agents with no
 /// A2A card (no reasoner or skill) are left out.
 fn entry(e: &crate::registry::Entry) -> Option<Value> {
-    let card = AgentCard::from_json(e.card.json().as_bytes()).ok()?;
+    let card = AgentCard::from_json(e.card.text().as_bytes()).ok()?;
     let served = a2a::served(&card)?;
     let publisher = e.publisher_name.to_string();
     Some(json!({

@@ -327,7 +327,8 @@ async fn discover(app: &AppState, arguments: &Map<String, Value>) -> Result<Valu
         .results
         .iter()
         .map(|f| {
-            let card = f.entry.card.view();
+            let card_text = f.entry.card.text();
+            let card = card_text.view();
             let list = if f.reasoner { &card.reasoners } else { &card.skills };
             json!({
                 "target": f.target,
@@ -376,7 +377,8 @@ fn get_capability(app: &AppState, arguments: &Map<String, Value>) -> Result<Valu
     let now = now_millis();
     // The local copy first, then by publisher: the same agent published by several nodes is one.
     let found = snapshot.by_agent_id(agent_id).into_iter().find_map(|entry| {
-        let card = entry.card.view();
+        let card_text = entry.card.text();
+        let card = card_text.view();
         let list = if reasoner { &card.reasoners } else { &card.skills };
         let cap = list.iter().position(|c| c.id == id)?;
         Some(Found {
@@ -396,7 +398,8 @@ fn get_capability(app: &AppState, arguments: &Map<String, Value>) -> Result<Valu
         ));
     };
     let text = context::detail(&f);
-    let card: CardRef<'_> = f.entry.card.view();
+    let card_text = f.entry.card.text();
+    let card: CardRef<'_> = card_text.view();
     let list = if f.reasoner { &card.reasoners } else { &card.skills };
     let Some(cap) = list.get(f.cap) else { return Err(format!("no capability {target}")) };
     let schema = |raw: Option<&serde_json::value::RawValue>| {

@@ -99,7 +99,8 @@ pub fn candidates<'a>(
     let mut found = Vec::new();
     for entry in entries.iter().map(AsRef::as_ref) {
         // Parsed once per agent, and only when one of its capabilities qualifies.
-        let mut view = None;
+        let text = std::cell::OnceCell::new();
+        let view = std::cell::OnceCell::new();
         for reasoner in [true, false] {
             let caps = if reasoner { entry.card.reasoners() } else { entry.card.skills() };
             for (position, cap) in caps.enumerate() {
@@ -112,7 +113,7 @@ pub fn candidates<'a>(
                 if query.health.is_some_and(|wanted| wanted != health) {
                     continue;
                 }
-                let view = view.get_or_insert_with(|| entry.card.view());
+                let view = view.get_or_init(|| text.get_or_init(|| entry.card.text()).view());
                 let list = if reasoner { &view.reasoners } else { &view.skills };
                 found.push(Candidate {
                     entry,
@@ -172,7 +173,8 @@ pub async fn resolve(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Re
             "no active, non-draining agent offers that capability with these filters".to_owned(),
         ));
     };
-    let card = best.entry.card.view();
+    let card_text = best.entry.card.text();
+    let card = card_text.view();
     let body = Resolved {
         target: best.target(),
         agent_id: best.entry.key.agent_id.clone(),

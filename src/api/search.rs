@@ -145,7 +145,8 @@ pub async fn search(State(app): State<AppState>, RawQuery(raw): RawQuery) -> Res
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let card = f.entry.card.view();
+            let card_text = f.entry.card.text();
+            let card = card_text.view();
             let list = if f.reasoner { &card.reasoners } else { &card.skills };
             let cap = list.get(f.cap);
             json!({

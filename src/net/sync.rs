@@ -51,6 +51,7 @@ use crate::defaults::FETCH_BATCH;
 use crate::proto::membership::Reach;
 use crate::proto::reconcile::{Index, RecordId};
 use crate::proto::state::{Event, Request};
+use crate::registry::Snapshot;
 
 impl SyncRequest {
     fn from_request(request: Request) -> Self {
@@ -66,16 +67,17 @@ impl SyncRequest {
 
 impl EventLoop {
     /// The reconciliation index of the view as it is now, rebuilt (and given to the protocol state)
-    /// only when the view changed.
-    pub(super) fn index(&mut self) -> Arc<Index> {
+    /// only when the view changed, with the snapshot it was built from: the index names its records by
+    /// their position in that snapshot.
+    pub(super) fn index(&mut self) -> (Arc<Index>, Arc<Snapshot>) {
         let snapshot = self.registry.snapshot();
-        if self.index_generation != Some(snapshot.generation) {
-            let records = snapshot.entries.iter().map(|e| (e.key.publisher, e.key.agent_id.clone(), e.seq));
+        if self.indexed.as_ref().map(|s| s.generation) != Some(snapshot.generation) {
+            let records = snapshot.entries.iter().map(|e| (&e.key.publisher, e.key.agent_id.as_str(), e.seq));
             let index = Arc::new(Index::build(records));
-            self.index_generation = Some(snapshot.generation);
+            self.indexed = Some(snapshot.clone());
             self.state.handle(Event::View(index), now_millis());
         }
-        self.state.index().clone()
+        (self.state.index().clone(), self.indexed.clone().unwrap_or(snapshot))
     }
 
     /// Sends a question the protocol state decided on, remembering its number for the answer.
@@ -154,13 +156,12 @@ impl EventLoop {
                 SyncResponse { cards: Vec::new(), frame, reach: None }
             }
             SyncRequest::Fetch(ids) => {
-                let index = self.index();
-                let snapshot = self.registry.snapshot();
+                let (index, snapshot) = self.index();
                 let cards = ids
                     .iter()
                     .take(FETCH_BATCH)
-                    .filter_map(|id| index.key(&RecordId::try_from(id.as_slice()).ok()?))
-                    .filter_map(|(publisher, agent_id)| snapshot.get(agent_id, publisher))
+                    .filter_map(|id| index.position(&RecordId::try_from(id.as_slice()).ok()?))
+                    .filter_map(|at| snapshot.entries.get(at))
                     .map(|entry| entry.signed_message().into())
                     .collect();
                 SyncResponse { cards, frame: None, reach: None }

@@ -395,7 +395,7 @@ mod tests {
     const CONFIG: Config = Config { list_refetch: 2_000 };
 
     fn index(records: &[(PeerId, &str, u64)]) -> Arc<Index> {
-        Arc::new(Index::build(records.iter().map(|(p, a, s)| (*p, (*a).to_owned(), *s))))
+        Arc::new(Index::build(records.iter().map(|(p, a, s)| (p, *a, *s))))
     }
 
     fn sends(actions: &[Action]) -> Vec<(PeerId, RequestId, Request)> {

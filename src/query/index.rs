@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use arc_swap::ArcSwapOption;
 
 use super::{note_change, Hit, Latest, Pattern, Query, Selection, VersionFilter};
-use crate::card::held::CardRef;
+use crate::card::held::{CardRef, CardText};
 use crate::defaults::{INDEX_CHUNK, INDEX_TERM_SLACK};
 use crate::registry::health::{Millis, Thresholds};
 use crate::registry::{Entry, Snapshot};
@@ -583,7 +583,8 @@ pub fn select<'a>(
                 continue;
             }
             // Metadata and media types: read from the card, for the records the columns let through.
-            let view: Option<CardRef<'_>> = query.needs_card().then(|| entry.card.view());
+            let text = query.needs_card().then(|| entry.card.text());
+            let view: Option<CardRef<'_>> = text.as_ref().map(CardText::view);
             let fields_ok = |reasoner: bool, at: usize| match &view {
                 Some(v) => {
                     let list = if reasoner { &v.reasoners } else { &v.skills };

@@ -205,7 +205,8 @@ pub fn tier0_entries(snapshot: &Snapshot) -> (String, Vec<String>) {
     let mut seen = std::collections::HashSet::new();
     let mut total = 0;
     for entry in &snapshot.entries {
-        let card = entry.card.view();
+        let card_text = entry.card.text();
+        let card = card_text.view();
         for (kind, list) in [("reasoner", &card.reasoners), ("skill", &card.skills)] {
             for cap in list {
                 // The same agent from several publishers counts once.
@@ -244,7 +245,8 @@ pub fn tier1_entries(results: &[Found]) -> Vec<String> {
 
 /// A result's one-line summary: the first sentence of its description, or its id.
 pub fn summary(f: &Found) -> String {
-    let card = f.entry.card.view();
+    let card_text = f.entry.card.text();
+    let card = card_text.view();
     let summary =
         capability(&card, f).and_then(|c| c.description.as_deref()).map(first_sentence).unwrap_or_default();
     if summary.is_empty() {
@@ -266,7 +268,8 @@ fn capability<'a, 'b>(card: &'b CardRef<'a>, f: &Found) -> Option<&'b crate::car
 
 /// The full detail of one result, as prompt-ready text.
 pub fn detail(f: &Found) -> String {
-    let card = f.entry.card.view();
+    let card_text = f.entry.card.text();
+    let card = card_text.view();
     let Some(cap) = capability(&card, f) else { return String::new() };
     let mut out = format!("### {}\n", f.target);
     let name = cap.name.as_deref().unwrap_or(&cap.id);

@@ -201,7 +201,8 @@ impl Index {
     }
 
     fn add(&mut self, entry: &Arc<Entry>) -> Vec<u32> {
-        let card = entry.card.view();
+        let card_text = entry.card.text();
+        let card = card_text.view();
         let agent_text = agent_text(&card);
         let mut ids = Vec::with_capacity(card.reasoners.len() + card.skills.len());
         for (reasoner, list) in [(true, &card.reasoners), (false, &card.skills)] {
@@ -274,7 +275,8 @@ impl Index {
     /// Removes the documents of one entry (all from the same card, read once to find their terms
     /// again: cheaper than keeping every document's terms).
     fn remove(&mut self, entry: &Entry, docs: &[u32]) {
-        let card = entry.card.view();
+        let card_text = entry.card.text();
+        let card = card_text.view();
         let agent_text = agent_text(&card);
         for &id in docs {
             let Some(doc) = self.docs.get_mut(id as usize).and_then(Option::take) else { continue };

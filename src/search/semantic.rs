@@ -73,7 +73,8 @@ pub fn embedding_text(cap: &CapRef<'_>) -> String {
 }
 
 fn text_of(doc: &Doc) -> Option<String> {
-    let card = doc.entry.card.view();
+    let card_text = doc.entry.card.text();
+    let card = card_text.view();
     let list = if doc.reasoner { &card.reasoners } else { &card.skills };
     list.get(doc.cap as usize).map(embedding_text)
 }

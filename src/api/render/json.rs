@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use super::prepared::{self, Form, Prepared, PreparedCache};
 use super::{reasoner_target, skill_target};
-use crate::card::held::{CapRef, CardRef, MetadataRef};
+use crate::card::held::{CapRef, CardRef, CardText, MetadataRef};
 use crate::clock::rfc3339;
 use crate::query::{Hit, Query, Selection};
 use crate::registry::health::Millis;
@@ -145,7 +145,8 @@ fn agent<'a>(hit: &'a Hit<'a>, card: &'a CardRef<'a>, q: &Query) -> Agent<'a> {
 }
 
 pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
-    let views: Vec<CardRef<'_>> = sel.page.iter().map(|h| h.entry.card.view()).collect();
+    let texts: Vec<CardText> = sel.page.iter().map(|h| h.entry.card.text()).collect();
+    let views: Vec<CardRef<'_>> = texts.iter().map(CardText::view).collect();
     let response = Response {
         discovered_at: rfc3339(now),
         total_agents: sel.total_agents,
@@ -162,7 +163,8 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
 /// "health_status":`, `,"deployment_type":…,"last_heartbeat":`, `,"metadata":…,"reasoners":[` and
 /// `],"publisher":…}`, and each capability's object.
 fn prepare(entry: &Entry, q: &Query) -> Prepared {
-    let view = entry.card.view();
+    let card_text = entry.card.text();
+    let view = card_text.view();
     let hit = prepared::whole(entry, view.reasoners.len(), view.skills.len());
     let agent = agent(&hit, &view, q);
     let json = |value: &dyn erased::Json| value.bytes();

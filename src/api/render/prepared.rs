@@ -220,7 +220,11 @@ mod tests {
     }
 
     fn made(entry: &Entry) -> Prepared {
-        Prepared::new(vec![entry.card.view().base_url.as_bytes().to_vec()], vec![], vec![b"s".to_vec()])
+        Prepared::new(
+            vec![entry.card.text().view().base_url.as_bytes().to_vec()],
+            vec![],
+            vec![b"s".to_vec()],
+        )
     }
 
     #[test]

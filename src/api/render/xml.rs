@@ -133,7 +133,8 @@ const SLOT: &str = "\u{0}";
 /// The record of `entry` prepared for XML answers with `q`'s include flags: the `<agent>` start tag
 /// split around its health and last heartbeat, `</skills></agent>`, and each capability's element.
 fn prepare(entry: &Entry, q: &Query) -> Prepared {
-    let card = entry.card.view();
+    let card_text = entry.card.text();
+    let card = card_text.view();
     let mut x = Xml { w: Writer::new(Vec::new()) };
     x.event(Event::Start(agent_tag(entry, &card, SLOT, SLOT)));
     x.start("reasoners", &[]);
@@ -177,7 +178,8 @@ fn agent_tag<'a>(e: &Entry, card: &CardRef<'_>, health: &str, last: &str) -> Byt
 
 fn agent(x: &mut Xml, hit: &Hit<'_>, q: &Query) {
     let e = hit.entry;
-    let card = e.card.view();
+    let card_text = e.card.text();
+    let card = card_text.view();
     let last = rfc3339(hit.last_heartbeat.unwrap_or(e.updated_at));
     x.event(Event::Start(agent_tag(e, &card, hit.health.as_str(), &last)));
     x.start("reasoners", &[]);

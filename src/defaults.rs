@@ -93,7 +93,9 @@ pub const RENDER_CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Discovery responses kept in the response cache.
 pub const CACHE_ENTRIES: usize = 1024;
 /// Bytes of rendered responses the cache may hold; a single response over an eighth of it is not cached.
-pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// 80 pages of 100 agents with their schemas: the cache is for the same query asked again (dashboards,
+/// agents polling); a page it does not hold is assembled from prepared records anyway.
+pub const CACHE_MAX_BYTES: usize = 8 * 1024 * 1024;
 /// Discovery queries computed at once (cache misses); the rest wait their turn. Matches the cores a
 /// sidecar can expect: more in parallel only adds memory.
 pub const DISCOVERY_CONCURRENCY: usize = 2;

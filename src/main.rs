@@ -16,17 +16,28 @@ use agentmesh::node::Node;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (`mimalloc.h` of the version the lock file pins; the sys crate
-/// does not name it).
+/// mimalloc's `mi_option_purge_delay` and `mi_option_arena_max_object_size` (`mimalloc.h` of the
+/// version the lock file pins; the sys crate names neither).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+const MI_OPTION_ARENA_MAX_OBJECT_SIZE: libmimalloc_sys::mi_option_t = 45;
 
-/// A sidecar's memory is taken from its agent's machine: freed pages go back to the system at once
-/// (mimalloc's default keeps them 10 ms, then batches; a node after start-up held 10 MB more at 10,000
-/// agents). `MIMALLOC_PURGE_DELAY` in the environment, read by mimalloc itself, wins.
+/// A sidecar's memory is taken from its agent's machine, so the allocator gives back what it does not
+/// use (BENCHMARKS.md, "Memory"); a `MIMALLOC_*` variable of the same name in the environment, read by
+/// mimalloc itself, wins:
+/// - freed pages go back at once (mimalloc's default keeps them 10 ms, then batches: a node after
+///   start-up held 10 MB more at 10,000 agents);
+/// - an allocation over 1 MiB is mapped from the system and unmapped when freed, as glibc does: reused
+///   from mimalloc's arena, a zeroed one (sled's 4 MiB page table, at each of its two opens) had to be
+///   cleared and so became resident, 5 MB on one start in two.
 fn tune_allocator() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets one of mimalloc's process-wide options, which it reads atomically.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    for (option, variable, value) in [
+        (MI_OPTION_PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 0),
+        (MI_OPTION_ARENA_MAX_OBJECT_SIZE, "MIMALLOC_ARENA_MAX_OBJECT_SIZE", 1024),
+    ] {
+        if std::env::var_os(variable).is_none() {
+            // SAFETY: sets one of mimalloc's process-wide options, which it reads atomically.
+            unsafe { libmimalloc_sys::mi_option_set(option, value) };
+        }
     }
 }
 

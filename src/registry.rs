@@ -984,7 +984,7 @@ fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypa
     };
     // Sealed by this node after everything in it was verified: taken as it is.
     if sealed {
-        let card = HeldCard::from_canonical(row.card.clone(), &row.agent_id)?;
+        let card = HeldCard::from_canonical(&row.card, &row.agent_id)?;
         return Some(entry(card, row.sig.to_vec()));
     }
     let mut card = AgentCard::from_json(row.card.as_bytes()).ok()?;

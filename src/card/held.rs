@@ -72,8 +72,8 @@ impl HeldCard {
     /// The held form of a card's canonical JSON as this node stored it, without the full parse and
     /// validation of [`AgentCard`]: for rows whose seal shows they were validated when written. `None`
     /// when the text is not the JSON of a card of `agent_id`.
-    pub fn from_canonical(json: String, agent_id: &str) -> Option<Self> {
-        let skeleton: Skeleton<'_> = serde_json::from_str(&json).ok()?;
+    pub fn from_canonical(json: &str, agent_id: &str) -> Option<Self> {
+        let skeleton: Skeleton<'_> = serde_json::from_str(json).ok()?;
         if skeleton.agent_id != agent_id {
             return None;
         }
@@ -207,8 +207,8 @@ fn with_contexts<T>(
     })
 }
 
-/// `text` as one zstd frame. Compression only fails when zstd cannot allocate its context; the text
-/// is then kept as a frame zstd writes uncompressed, so the held form stays one format.
+/// `text` as one zstd frame. zstd fails only when it cannot allocate a context (the process is out of
+/// memory then): a fresh context is tried before the text is given up, and an empty frame reads as `{}`.
 fn compress(text: &[u8]) -> Box<[u8]> {
     with_contexts(|c, _| c.compress(text).ok())
         .flatten()
@@ -502,12 +502,13 @@ mod tests {
         ] {
             let card = AgentCard::from_json(json.as_bytes()).unwrap();
             let canonical = String::from_utf8(card.to_json()).unwrap();
+            assert_eq!(HeldCard::from_canonical(&canonical, &card.agent_id), Some(HeldCard::new(&card)));
             assert_eq!(
-                HeldCard::from_canonical(canonical.clone(), &card.agent_id),
-                Some(HeldCard::new(&card))
+                HeldCard::from_canonical(&canonical, "another"),
+                None,
+                "the row's agent id is checked"
             );
-            assert_eq!(HeldCard::from_canonical(canonical, "another"), None, "the row's agent id is checked");
         }
-        assert_eq!(HeldCard::from_canonical("not json".into(), "a"), None);
+        assert_eq!(HeldCard::from_canonical("not json", "a"), None);
     }
 }

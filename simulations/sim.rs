@@ -630,9 +630,12 @@ impl Sim {
     fn refresh_index(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         if node.index_dirty {
-            let records = node.view.iter().map(|(k, r)| (&k.publisher, k.agent_id.as_str(), r.seq));
-            let index = Arc::new(Index::build(records));
             node.indexed = node.view.keys().cloned().collect();
+            let view = &node.view;
+            // Every key was just read from the view, so indexing cannot miss (and must not skip one:
+            // the index names records by their position in `indexed`).
+            let records = node.indexed.iter().map(|k| (&k.publisher, k.agent_id.as_str(), view[k].seq));
+            let index = Arc::new(Index::build(records));
             node.index_dirty = false;
             let now = self.now / MS;
             node.state.handle(Event::View(index), now);

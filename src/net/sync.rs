@@ -71,13 +71,18 @@ impl EventLoop {
     /// their position in that snapshot.
     pub(super) fn index(&mut self) -> (Arc<Index>, Arc<Snapshot>) {
         let snapshot = self.registry.snapshot();
-        if self.indexed.as_ref().map(|s| s.generation) != Some(snapshot.generation) {
-            let records = snapshot.entries.iter().map(|e| (&e.key.publisher, e.key.agent_id.as_str(), e.seq));
-            let index = Arc::new(Index::build(records));
-            self.indexed = Some(snapshot.clone());
-            self.state.handle(Event::View(index), now_millis());
-        }
-        (self.state.index().clone(), self.indexed.clone().unwrap_or(snapshot))
+        let indexed = match &self.indexed {
+            Some(indexed) if indexed.generation == snapshot.generation => indexed.clone(),
+            _ => {
+                let records =
+                    snapshot.entries.iter().map(|e| (&e.key.publisher, e.key.agent_id.as_str(), e.seq));
+                let index = Arc::new(Index::build(records));
+                self.state.handle(Event::View(index), now_millis());
+                self.indexed = Some(snapshot.clone());
+                snapshot
+            }
+        };
+        (self.state.index().clone(), indexed)
     }
 
     /// Sends a question the protocol state decided on, remembering its number for the answer.

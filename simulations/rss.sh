@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Resident memory of a node, read from /proc/PID/status 3 s after its health answer counts every agent:
+#   starts: a node started STARTS times on a store of AGENTS local agents (the first start after
+#           dropping the page cache when run as root), each with its time to ready and its RSS;
+#           AGENTS=0 starts an empty node;
+#   join:   a publisher of AGENTS agents and one empty node bootstrapping to it: the joiner's RSS once it
+#           holds every agent and 15 s later, the publisher's, and the joiner's again after a restart on
+#           its own data directory (the same view, loaded instead of caught up).
+# Usage: simulations/rss.sh starts|join      (env: AGENTS, default 10,000; STARTS, default 6; PORT)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=${1:-starts}
+AGENTS=${AGENTS:-10000}
+STARTS=${STARTS:-6}
+PORT=${PORT:-18180}
+BIN=target/release/agentmesh
+# A node holding more local agents than the default limit is configured for them.
+LIMIT=$((AGENTS > 20000 ? AGENTS : 20000))
+
+cargo build --release --quiet
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if [ "$AGENTS" -gt 0 ]; then
+  cargo bench --quiet --bench discovery -- --populate "$work/data" "$AGENTS" >/dev/null
+else
+  mkdir -p "$work/data"
+fi
+
+# start DIR HTTP_PORT LISTEN_PORT [BOOTSTRAP]: starts a node, sets $pid.
+start() {
+  local args=(run --data-dir "$1" --http "127.0.0.1:$2" --no-mdns --listen "/ip4/127.0.0.1/tcp/$3"
+    --max-agents-per-publisher "$LIMIT")
+  [ -n "${4:-}" ] && args+=(--bootstrap "$4")
+  "$BIN" "${args[@]}" 2>>"$work/daemon.log" &
+  pid=$!
+  pids+=("$pid")
+}
+
+# ready HTTP_PORT: waits (120 s at most) until the node's health counts every agent; prints the time.
+ready() {
+  local started deadline
+  started=$(date +%s%N)
+  deadline=$((started + 120000000000))
+  until curl -sf "127.0.0.1:$1/api/v1/health" 2>/dev/null | grep -q "\"agents\":$AGENTS,"; do
+    kill -0 "$pid" 2>/dev/null || { tail -5 "$work/daemon.log"; exit 1; }
+    [ "$(date +%s%N)" -lt "$deadline" ] || { echo "not ready within 120 s"; exit 1; }
+    sleep 0.005
+  done
+  echo -n "ready after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+}
+
+rss() { awk '/VmRSS|RssAnon|RssFile/ {printf "%s %d MB  ", $1, $2/1024}' "/proc/$1/status"; }
+stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr)"
+case "$MODE" in
+  starts)
+    for i in $(seq "$STARTS"); do
+      cold="warm"
+      if [ "$i" = 1 ] && [ "$(id -u)" = 0 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+        cold="page cache dropped"
+      fi
+      start "$work/data" "$PORT" 0
+      echo -n "start $i ($cold): "
+      ready "$PORT"
+      sleep 3
+      echo ", 3 s later: $(rss "$pid")"
+      stop "$pid"
+    done
+    ;;
+  join)
+    start "$work/data" "$PORT" $((PORT + 1))
+    publisher=$pid
+    ready "$PORT" >/dev/null
+    peer=$(curl -sf "127.0.0.1:$PORT/api/v1/health" | sed 's/.*"peer_id":"\([^"]*\)".*/\1/')
+    mkdir -p "$work/joiner"
+    start "$work/joiner" $((PORT + 2)) 0 "/ip4/127.0.0.1/tcp/$((PORT + 1))/p2p/$peer"
+    echo -n "joiner: "
+    ready $((PORT + 2))
+    echo ", then: $(rss "$pid")"
+    sleep 15
+    echo "15 s later: joiner $(rss "$pid"); publisher $(rss "$publisher")"
+    stop "$pid"
+    start "$work/joiner" $((PORT + 2)) 0 "/ip4/127.0.0.1/tcp/$((PORT + 1))/p2p/$peer"
+    echo -n "joiner restarted on its data: "
+    ready $((PORT + 2))
+    sleep 3
+    echo ", 3 s later: $(rss "$pid")"
+    ;;
+  *)
+    echo "usage: simulations/rss.sh starts|join" >&2
+    exit 2
+    ;;
+esac

@@ -15,7 +15,7 @@ use crate::api::{self, AppState};
 use crate::card::{AgentCard, CardError};
 use crate::clock::now_millis;
 use crate::config::Config;
-use crate::defaults::STORE_DIR;
+use crate::defaults::{STORE_DIR, STORE_REOPEN_CHECK, STORE_REOPEN_ROWS, STORE_REOPEN_ROWS_BUSY};
 use crate::identity::{Identity, IdentityError};
 use crate::manifest::reload::Reloader;
 use crate::net::{self, NetConfig, NetError, NetHandle};
@@ -222,6 +222,7 @@ impl Node {
             );
             tasks.spawn_loop("webhook", deliveries);
         }
+        tasks.spawn_loop("store reopening", reopen_store(registry.clone(), tasks.token()));
         tasks.spawn_loop(
             "eviction",
             evict(registry.clone(), config.heartbeat_interval, config.evict_after, tasks.token()),
@@ -300,6 +301,36 @@ async fn evict(registry: Arc<Registry>, every: Duration, evict_after: Duration, 
     }
 }
 
+/// Reopens the store when [`store_reopen_due`] says so, to give back the memory sled holds for the rows
+/// written (a joiner's catch-up, a bulk registration).
+async fn reopen_store(registry: Arc<Registry>, cancel: CancellationToken) {
+    let mut ticks = Ticks::new(STORE_REOPEN_CHECK, cancel);
+    let mut before = 0;
+    while ticks.next().await {
+        let written = registry.rows_written();
+        if store_reopen_due(written, before) {
+            let started = std::time::Instant::now();
+            match registry.reopen_store().await {
+                Ok(()) => tracing::info!(
+                    rows = written,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "store reopened to release memory"
+                ),
+                Err(error) => {
+                    tracing::error!(%error, "store reopen failed; writes fail until a retry succeeds")
+                }
+            }
+        }
+        before = registry.rows_written();
+    }
+}
+
+/// Whether the store is due a reopen, given the rows written since it was opened now and one check
+/// before: enough of them, and writing has paused (or has gone on long enough).
+fn store_reopen_due(written: usize, before: usize) -> bool {
+    written >= STORE_REOPEN_ROWS && (written == before || written >= STORE_REOPEN_ROWS_BUSY)
+}
+
 /// The card files to register at start: each path as given, or for a directory every `*.json` file
 /// in it, in name order.
 async fn card_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, NodeError> {
@@ -322,4 +353,19 @@ async fn card_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, NodeError> {
         files.extend(found);
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_reopened_after_a_burst_once_writing_pauses_or_after_a_long_one() {
+        let n = STORE_REOPEN_ROWS;
+        assert!(!store_reopen_due(0, 0), "nothing written");
+        assert!(!store_reopen_due(n - 1, n - 1), "too few rows to matter");
+        assert!(!store_reopen_due(n + 10, n), "still writing");
+        assert!(store_reopen_due(n, n), "a burst that has paused");
+        assert!(store_reopen_due(STORE_REOPEN_ROWS_BUSY, STORE_REOPEN_ROWS_BUSY - 1), "writing for long");
+    }
 }

@@ -26,7 +26,7 @@ use crate::card::{AgentCard, HeldCard};
 use crate::proto::records::Admission;
 use entries::Entries;
 use health::{Health, Millis, Reported, Thresholds};
-use store::{Row, SealKey, Store, StoreError};
+use store::{release_free_memory, Reopening, Row, SealKey, Store, StoreError};
 
 pub use crate::proto::records::{accepts, RecordKey};
 pub use remote::{HeartbeatOutcome, Limits};
@@ -379,7 +379,7 @@ pub struct Registry {
     signer: Keypair,
     /// Seals every row written (see [`store`]).
     seal: SealKey,
-    store: Store,
+    store: Reopening,
     thresholds: Thresholds,
     /// The authoritative map. A tokio mutex because writers hold it across the store flush, which
     /// serialises writes so that the disk and the view change in the same order.
@@ -470,7 +470,7 @@ impl Registry {
             me,
             signer,
             seal,
-            store,
+            store: Reopening::new(dir, store),
             thresholds,
             writer: tokio::sync::Mutex::new(map),
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -866,19 +866,21 @@ impl Registry {
     pub async fn flush(&self) -> Result<(), RegistryError> {
         Ok(self.store.flush().await?)
     }
-}
 
-/// Loading a large store churns through temporary buffers (sled pages, decoded rows) several times the
-/// size of what is kept. glibc keeps freed memory in its heap; hand it back so the resident size reflects
-/// the view, not the load.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
+    /// Rows written or removed since the store was last opened.
+    pub fn rows_written(&self) -> usize {
+        self.store.written()
     }
-    // SAFETY: mi_collect frees mimalloc's own unused memory; it touches no live allocation.
-    unsafe { libmimalloc_sys::mi_collect(true) };
+
+    /// Closes and reopens the store to give back the memory sled keeps for every page written
+    /// ([`store::Reopening`]); writes wait meanwhile.
+    pub async fn reopen_store(&self) -> Result<(), RegistryError> {
+        let result = self.store.reopen().await;
+        if let Err(error) = &result {
+            self.set_store_error(Some(error.to_string()));
+        }
+        Ok(result?)
+    }
 }
 
 /// Rows handed to a loading thread at once.

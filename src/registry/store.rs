@@ -32,6 +32,8 @@ pub enum StoreError {
     Write(sled::Error),
     #[error("store read failed: {0}")]
     Read(sled::Error),
+    #[error("store closed: its last reopen failed ({0}); the next one is tried shortly")]
+    Closed(String),
 }
 
 /// One stored record, as written.
@@ -237,9 +239,122 @@ impl Store {
     }
 }
 
+/// The store as the registry writes it: closed and reopened after a burst of writes, because sled keeps
+/// every page a write touched in memory whatever its cache capacity (a node that had just caught up
+/// with 10,000 remote agents held 23 MB in sled, and was 35 MB larger than the same node restarted on
+/// the same data). Writes take the lock shared; a reopen takes it alone, so it waits for the writes
+/// in flight and the writes that follow wait for it.
+pub struct Reopening {
+    dir: PathBuf,
+    /// An error only while a reopen failed: writes fail until the next one succeeds.
+    store: tokio::sync::RwLock<Result<Store, String>>,
+    /// Rows written or removed since the store was last opened.
+    written: std::sync::atomic::AtomicUsize,
+}
+
+impl Reopening {
+    pub fn new(dir: &Path, store: Store) -> Self {
+        Self { dir: dir.to_owned(), store: tokio::sync::RwLock::new(Ok(store)), written: Default::default() }
+    }
+
+    /// Rows written or removed since the store was last opened.
+    pub fn written(&self) -> usize {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn with<T>(
+        &self,
+        rows: usize,
+        write: impl AsyncFnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let store = self.store.read().await;
+        let store = store.as_ref().map_err(|e| StoreError::Closed(e.clone()))?;
+        let done = write(store).await?;
+        self.written.fetch_add(rows, std::sync::atomic::Ordering::Relaxed);
+        Ok(done)
+    }
+
+    pub async fn put(&self, row: &Row, durable: bool) -> Result<(), StoreError> {
+        self.with(1, async |s| s.put(row, durable).await).await
+    }
+
+    pub async fn remove(&self, agent_id: &str, publisher: &[u8], durable: bool) -> Result<(), StoreError> {
+        self.with(1, async |s| s.remove(agent_id, publisher, durable).await).await
+    }
+
+    pub async fn put_many(&self, rows: &[Row]) -> Result<(), StoreError> {
+        self.with(rows.len(), async |s| s.put_many(rows).await).await
+    }
+
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.with(0, async |s| s.flush().await).await
+    }
+
+    /// Flushes, closes and reopens the store, giving back the memory sled held; a store whose last
+    /// reopen failed is opened again. A flush that fails leaves the store open as it was; a reopen that
+    /// fails leaves the count of rows written as it was, so the caller's policy tries again.
+    pub async fn reopen(&self) -> Result<(), StoreError> {
+        let mut held = self.store.write().await;
+        if let Ok(store) = &*held {
+            store.flush().await?;
+        }
+        let closing = std::mem::replace(&mut *held, Err("being reopened".to_owned()));
+        let dir = self.dir.clone();
+        // sled frees its memory when its last handle closes, and releases the file lock from a
+        // background thread just after: `Store::reopen` waits for it, so this runs off the workers.
+        let reopened = tokio::task::spawn_blocking(move || {
+            drop(closing);
+            release_free_memory();
+            Store::reopen(&dir)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Closed(e.to_string())));
+        if reopened.is_ok() {
+            self.written.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let result = reopened.as_ref().map(|_| ()).map_err(|e| StoreError::Closed(e.to_string()));
+        *held = reopened.map_err(|e| e.to_string());
+        result
+    }
+}
+
+/// Loading a large store, or writing many rows, churns through buffers several times the size of what
+/// is kept. Hand freed memory back so that the resident size reflects the view: glibc keeps freed memory
+/// in its heap (the library's tests, tools), mimalloc (the daemon) returns most of it by itself.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    // SAFETY: mi_collect frees mimalloc's own unused memory; it touches no live allocation.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_reopened_store_keeps_every_row_and_counts_writes_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Reopening::new(dir.path(), Store::open(dir.path()).unwrap());
+        let rows: Vec<Row> =
+            (0..3u64).map(|i| Row::new(&[1], format!("a{i}"), i, 0, 0, "{}".into(), &[])).collect();
+        store.put_many(&rows[..2]).await.unwrap();
+        store.put(&rows[2], false).await.unwrap();
+        store.remove("a0", &[1], false).await.unwrap();
+        assert_eq!(store.written(), 4);
+        store.reopen().await.unwrap();
+        assert_eq!(store.written(), 0);
+        // Rows written without a flush of their own survive the reopen.
+        store.put(&Row::new(&[1], "b".into(), 9, 0, 0, "{}".into(), &[]), false).await.unwrap();
+        store.reopen().await.unwrap();
+        let reader = store.store.read().await;
+        let mut ids = Vec::new();
+        reader.as_ref().unwrap().load(|r| ids.push(r.agent_id)).unwrap();
+        assert_eq!(ids, ["a1", "a2", "b"]);
+    }
 
     #[tokio::test]
     async fn rows_survive_reopen_and_bad_rows_are_skipped() {

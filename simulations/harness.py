@@ -18,6 +18,9 @@ Steps (see simulations/scenarios/):
   netem        delay/loss on every container's link (tc netem from the host; iptables loss only where
                the kernel has no sch_netem), then nested steps
 
+A scenario's "cards_per_node": N has every scaled node register N generated cards instead of the three
+samples (scale-50-10000.json: 49 x 204 of them, about 10,000 agents in all).
+
 Standard library only. Needs root (nsenter, tc) for netem.
 """
 import argparse
@@ -28,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -83,7 +87,27 @@ def card(agent_id):
             "reasoners": [{"id": "probe", "tags": ["sim"]}], "skills": [{"id": "echo", "tags": ["sim"]}]}
 
 
+def bulk_cards(count, directory):
+    """`count` card files in `directory` for every scaled node to register instead of the samples (ids
+    `bulk-NNNN-<hostname>`, each with a reasoner, a skill and a schema like a real agent's)."""
+    os.makedirs(directory, exist_ok=True)
+    for i in range(count):
+        card = {"agent_id": f"bulk-{i:04d}-${{HOSTNAME}}", "name": f"Bulk agent {i}",
+                "description": "An agent of the 10,000-agent compose run.", "version": "1.0.0",
+                "base_url": "http://127.0.0.1:9", "tags": ["bulk", f"group-{i % 10}"],
+                "reasoners": [{"id": f"work-{i % 50}", "tags": ["bulk"],
+                               "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
+                "skills": [{"id": "lookup", "tags": ["bulk"]}]}
+        with open(os.path.join(directory, f"bulk-{i:04d}.json"), "w") as f:
+            json.dump(card, f)
+    return [f"bulk-{i:04d}" for i in range(count)]
+
+
 class Node:
+    # The agent id stems every scaled node registers (with its hostname appended): the sample cards,
+    # or those of `bulk_cards` when a scenario asks for `cards_per_node`.
+    stems = ["analytics", "research", "translate"]
+
     def __init__(self, name, network):
         self.name = name
         self.network = network
@@ -103,7 +127,7 @@ class Node:
         """The agent ids this node publishes."""
         if self.bootstrap:
             return ["research-bootstrap"]
-        return [f"{kind}-{self.host}" for kind in ("analytics", "research", "translate")]
+        return [f"{stem}-{self.host}" for stem in Node.stems]
 
     def get(self, path, timeout=3.0):
         return http("GET", self.base + path, timeout=timeout) if self.base else (0, None)
@@ -164,10 +188,16 @@ def ensure_neighbour_table(size):
 
 
 class Mesh:
-    def __init__(self, size, project):
+    def __init__(self, size, project, cards_dir=None):
         self.size = size
         self.project = project
         self.compose = compose_cmd() + ["-p", project, "-f", os.path.join(ROOT, "docker-compose.yml")]
+        if cards_dir:
+            # The scaled nodes register the generated cards instead of the image's samples.
+            override = os.path.join(cards_dir, "compose-cards.yml")
+            with open(override, "w") as f:
+                f.write(f"services:\n  node:\n    volumes:\n      - {cards_dir}/cards:/cards:ro\n")
+            self.compose += ["-f", override]
         self.network = f"{project}_mesh"
         self.env = {**os.environ, "AGENTMESH_API_KEY": API_KEY, "AGENTMESH_HOST_PORT": HOST_PORT,
                     "RUST_LOG": "info,agentmesh::apply=debug"}
@@ -604,7 +634,12 @@ def main():
     if shutil.which("docker") is None:
         sys.exit("docker is not installed")
     ensure_neighbour_table(size)
-    mesh = Mesh(size, f"amsim{name.replace('-', '')}")
+    cards_dir = None
+    if scenario.get("cards_per_node"):
+        cards_dir = tempfile.mkdtemp(prefix="agentmesh-cards-")
+        Node.stems = bulk_cards(scenario["cards_per_node"], os.path.join(cards_dir, "cards"))
+        os.chmod(cards_dir, 0o755)
+    mesh = Mesh(size, f"amsim{name.replace('-', '')}", cards_dir)
     mesh.down()
     result = {"scenario": name, "nodes": size, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",

@@ -2,12 +2,15 @@
 """Publishers with many agents, and empty nodes joining them: real daemon processes on loopback.
 
     simulations/join_big.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
-        [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300]
+        [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300] [--settle 15]
 
 With `--publishers P` the agents are split over P publishers (each its own data directory and key),
 the others bootstrapping to the first; the script waits until every publisher holds every agent
-`active` (the mesh's full view, timed from the first publisher's start and from the last's), then
-starts the joiners with `--bootstrap` to the first publisher.
+`active` (the mesh's full view, timed from the first publisher's start and from the last's), lets the
+mesh settle (`--settle` seconds: a late joiner finds the mesh at rest, not in the tail of its own
+catch-up, when each publisher reopens its store; the machine's idle share over the last 3 s of that
+wait is reported), then starts the joiners with `--bootstrap` to the first publisher. The first
+joiner's records by health are sampled as it catches up (`first_joiner_timeline`).
 
 PATH_TO_DISCOVERY_BENCH is the `discovery` bench binary (`cargo bench --bench discovery --no-run` prints
 it); it writes the publisher's data directory (`--populate DIR N`). The script starts the publisher on
@@ -28,12 +31,29 @@ import time
 from daemon import Daemon, rss_mb
 
 
+def records(daemon):
+    """`daemon`'s records by health; empty while it is too busy to answer its status in time."""
+    try:
+        return daemon.status()["records"]
+    except OSError:
+        return {}
+
+
+def idle_share(seconds):
+    """The machine's idle share of CPU time over the next `seconds` (/proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
 def active(daemon):
     """Agents `active` on `daemon`; 0 while it is too busy to answer its status in time."""
-    try:
-        return daemon.status()["records"].get("active", 0)
-    except OSError:
-        return 0
+    return records(daemon).get("active", 0)
 
 
 def main():
@@ -44,6 +64,10 @@ def main():
     ap.add_argument("--publishers", type=int, default=1)
     ap.add_argument("--joiners", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--settle", type=float, default=15,
+                    help="seconds between the publishers' full view and the joiners' start (a late "
+                         "joiner finds a mesh at rest: each publisher reopens its store some seconds "
+                         "after its own catch-up)")
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-join-")
@@ -84,6 +108,10 @@ def main():
             if waiting:
                 print(json.dumps(result, indent=2))
                 sys.exit(1)
+        if opts.publishers > 1 and opts.settle > 0:
+            time.sleep(max(0.0, opts.settle - 3))
+            result["settle_s"] = opts.settle
+            result["machine_idle_before_join"] = round(idle_share(3.0), 2)
         joiners = []
         for i in range(opts.joiners):
             j = Daemon(opts.bin, os.path.join(work, f"joiner-{i}"), ["--bootstrap", addr])
@@ -93,11 +121,20 @@ def main():
             joiners.append(j)
             daemons.append(j)
         deadline = time.time() + opts.timeout
+        # The first joiner's records by health as it catches up, one sample every 0.25 s at most.
+        timeline, sampled = [], 0.0
         while any(j.done is None for j in joiners) and time.time() < deadline:
-            for j in joiners:
-                if j.done is None and active(j) == opts.agents:
-                    j.done = time.time() - j.started
+            for i, j in enumerate(joiners):
+                if j.done is None:
+                    held = records(j)
+                    at = time.time() - j.started
+                    if i == 0 and at - sampled >= 0.25:
+                        timeline.append({"s": round(at, 2), **held})
+                        sampled = at
+                    if held.get("active", 0) == opts.agents:
+                        j.done = at
             time.sleep(0.05)
+        result["first_joiner_timeline"] = timeline
         ok = True
         for i, j in enumerate(joiners):
             s = j.status()

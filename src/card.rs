@@ -241,6 +241,11 @@ impl AgentCard {
         if bytes.len() > MAX_CARD_BYTES * 4 {
             return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
         }
+        // Tracking the path slows every parse down, and only an error reads it: a card that parses is
+        // taken as it is, one that does not is parsed again to name the field.
+        if let Ok(card) = serde_json::from_slice::<AgentCard>(bytes) {
+            return card.normalized();
+        }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let card: AgentCard = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = match e.path().to_string() {

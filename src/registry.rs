@@ -23,6 +23,7 @@ use libp2p::identity::{Keypair, PeerId};
 use tokio::sync::broadcast;
 
 use crate::card::{AgentCard, HeldCard};
+use crate::proto::reconcile::{record_id, RecordId};
 use crate::proto::records::Admission;
 use entries::Entries;
 use health::{Health, Millis, Reported, Thresholds};
@@ -188,6 +189,9 @@ pub struct Entry {
     pub origin: Origin,
     /// When this node accepted this version of the card.
     pub updated_at: Millis,
+    /// The record's reconciliation id (`proto::reconcile::record_id` of its key and seq), made once:
+    /// the reconciliation index is rebuilt from every record's id whenever the view changed.
+    pub record_id: RecordId,
     live: Arc<Live>,
 }
 
@@ -198,7 +202,8 @@ impl Entry {
         let card = HeldCard::new(card);
         let sig = Box::default();
         let live = Arc::new(Live::default());
-        Self { id: EntryId::next(), key, seq, card, publisher_name, sig, origin, updated_at, live }
+        let record_id = record_id(&key.publisher, &key.agent_id, seq);
+        Self { id: EntryId::next(), key, seq, card, publisher_name, sig, origin, updated_at, record_id, live }
     }
 
     /// Marks the entry offline (its publisher was declared down), keeping its last heartbeat time.
@@ -279,15 +284,22 @@ impl AsRef<Entry> for Entry {
 pub struct Snapshot {
     pub generation: u64,
     pub entries: Vec<Arc<Entry>>,
-    /// Each publisher's entries, as positions in `entries` (so in agent id order), built on first use:
-    /// a heartbeat touches one publisher's records, which are scattered over the agent id order.
-    by_publisher: std::sync::OnceLock<HashMap<PeerId, Vec<u32>>>,
+    /// Each publisher's entries in agent id order: a heartbeat touches one publisher's records, which
+    /// are scattered over the agent id order. Kept by the writer as the view changes ([`Entries`]).
+    by_publisher: entries::Publishers,
 }
 
 impl Snapshot {
-    /// A view of `entries`, which must be sorted by key.
+    /// A view of `entries`, which must be sorted by key, grouped by publisher here (O(view): for tests
+    /// and tooling; the registry's own snapshots come from [`Entries`], which keeps the grouping).
     pub fn new(generation: u64, entries: Vec<Arc<Entry>>) -> Self {
-        Self { generation, entries, by_publisher: std::sync::OnceLock::new() }
+        let by_publisher = entries::group(&entries);
+        Self { generation, entries, by_publisher }
+    }
+
+    /// The view `map` holds now.
+    fn of(generation: u64, map: &mut Entries) -> Self {
+        Self { generation, entries: map.values().cloned().collect(), by_publisher: map.publishers() }
     }
 
     /// Every entry with this agent id (one per publisher), local first.
@@ -312,14 +324,7 @@ impl Snapshot {
 
     /// Every entry `publisher` published, in agent id order.
     pub fn of_publisher(&self, publisher: &PeerId) -> impl Iterator<Item = &Arc<Entry>> + '_ {
-        let positions = self.by_publisher.get_or_init(|| {
-            let mut map: HashMap<PeerId, Vec<u32>> = HashMap::new();
-            for (i, e) in self.entries.iter().enumerate() {
-                map.entry(e.key.publisher).or_default().push(i as u32);
-            }
-            map
-        });
-        positions.get(publisher).into_iter().flatten().map(|&i| &self.entries[i as usize])
+        self.by_publisher.get(publisher).into_iter().flat_map(|list| list.iter())
     }
 }
 
@@ -332,8 +337,29 @@ impl Snapshot {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Update {
-    Upsert { publisher: PeerId, seq: u64, card: AgentCard, origin: Origin, sig: Vec<u8> },
-    Remove { publisher: PeerId, agent_id: String, seq: u64 },
+    /// `text` is the card's canonical JSON (`card.to_json()`): a card from the mesh arrives as that
+    /// text, so it is carried along instead of serialised again.
+    Upsert {
+        publisher: PeerId,
+        seq: u64,
+        card: AgentCard,
+        text: String,
+        origin: Origin,
+        sig: Vec<u8>,
+    },
+    Remove {
+        publisher: PeerId,
+        agent_id: String,
+        seq: u64,
+    },
+}
+
+impl Update {
+    /// An upsert of `card`, its canonical text written here.
+    pub fn upsert(publisher: PeerId, seq: u64, card: AgentCard, origin: Origin, sig: Vec<u8>) -> Update {
+        let text = String::from_utf8(card.to_json()).unwrap_or_default();
+        Update::Upsert { publisher, seq, card, text, origin, sig }
+    }
 }
 
 /// What [`Registry::apply`] did.
@@ -446,13 +472,13 @@ impl Registry {
         let seal = SealKey::derive(&signer);
         let store = Store::reopen(dir)?;
         let names = PublisherNames::default();
-        let (map, report) = load_view(&store, &names, &signer, &seal)?;
+        let (mut map, report) = load_view(&store, &names, &signer, &seal)?;
         // sled keeps every page it read during the full scan resident, whatever its cache capacity
         // (measured: about 2x the data). Reopening drops that; the view is already in memory.
         drop(store);
         release_free_memory();
         let store = Store::reopen(dir)?;
-        let snapshot = Snapshot::new(1, map.values().cloned().collect());
+        let snapshot = Snapshot::of(1, &mut map);
         if report.local > limits.per_publisher {
             return Err(RegistryError::StoreOverLimit { held: report.local, limit: limits.per_publisher });
         }
@@ -560,9 +586,9 @@ impl Registry {
                 self.admit_local(usize::from(held.is_none()))?;
                 let seq = next_local_seq(held.map(|e| e.seq), now);
                 let sig = self.sign(&card, seq);
-                let update = Update::Upsert { publisher: self.me, seq, card, origin, sig };
+                let update = Update::upsert(self.me, seq, card, origin, sig);
                 let applied = self.apply_locked(&mut map, update, now).await?;
-                self.publish(&map);
+                self.publish(&mut map);
                 let _ = self.changes.send(LocalChange::Card { agent_id: key.agent_id.clone() });
                 applied
             }
@@ -586,7 +612,7 @@ impl Registry {
         let seq = next_local_seq(Some(held), now);
         let update = Update::Remove { publisher: self.me, agent_id: agent_id.to_owned(), seq };
         let applied = self.apply_locked(&mut map, update, now).await?;
-        self.publish(&map);
+        self.publish(&mut map);
         let _ = self.changes.send(LocalChange::Removed { agent_id: agent_id.to_owned(), seq });
         Ok(applied)
     }
@@ -610,7 +636,7 @@ impl Registry {
         let mut map = self.writer.lock().await;
         let applied = self.apply_locked(&mut map, update, now).await;
         if applied.as_ref().is_ok_and(Applied::changed_view) {
-            self.publish(&map);
+            self.publish(&mut map);
         }
         applied
     }
@@ -653,7 +679,7 @@ impl Registry {
             results.push(result);
         }
         if results.iter().any(|r| r.as_ref().is_ok_and(Applied::changed_view)) {
-            self.publish(&map);
+            self.publish(&mut map);
         }
         results
     }
@@ -666,7 +692,7 @@ impl Registry {
         now: Millis,
     ) -> Result<Applied, RegistryError> {
         let applied = match update {
-            Update::Upsert { publisher, seq, card, origin, sig } => {
+            Update::Upsert { publisher, seq, card, text, origin, sig } => {
                 let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
                 let held = map.get(&key);
                 let remote = origin == Origin::Remote;
@@ -676,12 +702,10 @@ impl Registry {
                     Admission::Over(limit) => return Ok(Applied::OverLimit(limit)),
                 };
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
-                let json = card.to_json();
-                let card = HeldCard::with_text(&card, &json);
+                let card = HeldCard::with_text(&card, text.as_bytes());
                 let pub_bytes = publisher.to_bytes();
-                let json = String::from_utf8(json).unwrap_or_default();
                 let mut row =
-                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, json, &sig);
+                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, text, &sig);
                 self.seal.seal(&mut row);
                 let write = self.store.put(&row, origin != Origin::Remote);
                 let stored = if origin == Origin::Remote {
@@ -705,6 +729,7 @@ impl Registry {
                 let id = EntryId::next();
                 let entry = Entry {
                     id,
+                    record_id: record_id(&publisher, &key.agent_id, seq),
                     key: key.clone(),
                     seq,
                     card,
@@ -781,9 +806,9 @@ impl Registry {
         result
     }
 
-    fn publish(&self, map: &Entries) {
+    fn publish(&self, map: &mut Entries) {
         let generation = self.snapshot.load().generation + 1;
-        self.snapshot.store(Arc::new(Snapshot::new(generation, map.values().cloned().collect())));
+        self.snapshot.store(Arc::new(Snapshot::of(generation, map)));
     }
 
     /// Records a heartbeat from a local agent. Returns its health after the heartbeat.
@@ -842,7 +867,19 @@ impl Registry {
             let publisher_name = self.publisher_name(self.me);
             let sig = sig.into_boxed_slice();
             let id = EntryId::next();
-            entries.push(Entry { id, key, seq, card, publisher_name, sig, origin, updated_at: now, live });
+            let record_id = record_id(&self.me, &key.agent_id, seq);
+            entries.push(Entry {
+                id,
+                key,
+                seq,
+                card,
+                publisher_name,
+                sig,
+                origin,
+                updated_at: now,
+                record_id,
+                live,
+            });
         }
         // Each change starts from the seq before it, the batch's own earlier rows included.
         let mut seqs: std::collections::HashMap<&str, Option<u64>> = std::collections::HashMap::new();
@@ -858,7 +895,7 @@ impl Registry {
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });
             map.insert(Arc::new(entry));
         }
-        self.publish(&map);
+        self.publish(&mut map);
         Ok(count)
     }
 
@@ -982,6 +1019,7 @@ fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypa
         sig: sig.into_boxed_slice(),
         origin,
         updated_at: row.updated_at,
+        record_id: record_id(&publisher, &row.agent_id, row.seq),
         live: Arc::new(Live::default()),
     };
     // Sealed by this node after everything in it was verified: taken as it is.
@@ -1078,7 +1116,7 @@ mod tests {
             };
             let sig = crate::wire::sign_card(&other, &body);
             let publisher = other.public().to_peer_id();
-            let update = Update::Upsert { publisher, seq: 5, card: remote, origin: Origin::Remote, sig };
+            let update = Update::upsert(publisher, 5, remote, Origin::Remote, sig);
             assert!(r.apply(update, 2_000).await.unwrap().changed_view());
             r.store.flush().await.unwrap();
             r.snapshot()

@@ -516,7 +516,9 @@ fn card_update(
     card: crate::card::AgentCard,
     sig: Vec<u8>,
 ) -> ((String, PeerId), Update) {
-    let update = Update::Upsert { publisher, seq: body.seq, card, origin: Origin::Remote, sig };
+    // The body's text is the card's canonical JSON: decoding checked that it is.
+    let update =
+        Update::Upsert { publisher, seq: body.seq, card, text: body.card, origin: Origin::Remote, sig };
     ((body.agent_id, publisher), update)
 }
 

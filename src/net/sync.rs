@@ -74,9 +74,7 @@ impl EventLoop {
         let indexed = match &self.indexed {
             Some(indexed) if indexed.generation == snapshot.generation => indexed.clone(),
             _ => {
-                let records =
-                    snapshot.entries.iter().map(|e| (&e.key.publisher, e.key.agent_id.as_str(), e.seq));
-                let index = Arc::new(Index::build(records));
+                let index = Arc::new(Index::of_ids(snapshot.entries.iter().map(|e| (e.seq, e.record_id))));
                 self.state.handle(Event::View(index), now_millis());
                 self.indexed = Some(snapshot.clone());
                 snapshot

@@ -70,11 +70,19 @@ impl Index {
     /// Indexes `(publisher, agent_id, seq)` of every record held (at most `u32::MAX` of them: the view
     /// is bounded far below that).
     pub fn build<'a>(records: impl IntoIterator<Item = (&'a PeerId, &'a str, u64)>) -> Index {
+        Index::of_ids(
+            records.into_iter().map(|(publisher, agent_id, seq)| (seq, record_id(publisher, agent_id, seq))),
+        )
+    }
+
+    /// [`Index::build`] for a caller that keeps each record's id ([`record_id`]) beside it: `(seq, id)`
+    /// of every record held. The daemon rebuilds its index whenever the view changed, and hashing
+    /// every record again each time was most of the rebuild.
+    pub fn of_ids(records: impl IntoIterator<Item = (u64, RecordId)>) -> Index {
         let records = records.into_iter();
         let mut storage = NegentropyStorageVector::with_capacity(records.size_hint().0);
         let mut positions = Vec::with_capacity(records.size_hint().0);
-        for (position, (publisher, agent_id, seq)) in (0u32..).zip(records) {
-            let id = record_id(publisher, agent_id, seq);
+        for (position, (seq, id)) in (0u32..).zip(records) {
             // Inserting into an unsealed vector cannot fail.
             let _ = storage.insert(seq, Id::from_byte_array(id));
             positions.push((id, position));

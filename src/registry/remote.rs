@@ -270,7 +270,7 @@ impl Registry {
             }
         }
         if !doomed.is_empty() {
-            self.publish(&map);
+            self.publish(&mut map);
         }
         result?;
         self.remote.lock().left(publisher, seq, now);
@@ -308,7 +308,7 @@ impl Registry {
             }
         }
         if evicted > 0 {
-            self.publish(&map);
+            self.publish(&mut map);
         }
         Ok(evicted)
     }
@@ -329,7 +329,7 @@ impl Registry {
         }
         if !gone.is_empty() {
             self.store.flush().await?;
-            self.publish(&map);
+            self.publish(&mut map);
         }
         Ok(gone.len())
     }
@@ -374,13 +374,7 @@ mod tests {
             card: String::from_utf8(card.to_json()).unwrap(),
         };
         let sig = wire::sign_card(key, &body);
-        Update::Upsert {
-            publisher: key.public().to_peer_id(),
-            seq,
-            card: card.clone(),
-            origin: Origin::Remote,
-            sig,
-        }
+        Update::upsert(key.public().to_peer_id(), seq, card.clone(), Origin::Remote, sig)
     }
 
     fn registry(dir: &std::path::Path) -> Registry {
@@ -768,13 +762,8 @@ mod tests {
                 card: String::from_utf8(card("unsigned", "1").to_json()).unwrap(),
             };
             let sig = wire::sign_card(&peer, &body);
-            let update = Update::Upsert {
-                publisher: peer.public().to_peer_id(),
-                seq: 5,
-                card: card("unsigned", "1"),
-                origin: Origin::Remote,
-                sig,
-            };
+            let update =
+                Update::upsert(peer.public().to_peer_id(), 5, card("unsigned", "1"), Origin::Remote, sig);
             r.apply(update, 0).await.unwrap();
             r.register_local(card("mine", "1"), Liveness::Node, 0).await.unwrap();
         }

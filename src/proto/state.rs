@@ -7,7 +7,7 @@
 //! The daemon's mesh task (`net`) feeds it swarm events and carries out its actions; the simulator
 //! (`simulations/sim.rs`) runs the very same state machine on a virtual network.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use libp2p::identity::PeerId;
@@ -20,7 +20,7 @@ use super::fetch::Fetches;
 use super::membership::{self, Membership, Reach};
 use super::reconcile::{Index, RecordId};
 use crate::clock::Millis;
-use crate::defaults::{HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_SYNC_IN_FLIGHT};
+use crate::defaults::{HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_PENDING_FETCHES, MAX_SYNC_IN_FLIGHT};
 
 /// A question to a peer over the sync protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +129,14 @@ pub struct State {
     next_id: RequestId,
     /// Records being fetched, each of one peer at a time.
     fetches: Fetches,
+    /// Fetches decided on while `MAX_SYNC_IN_FLIGHT` questions awaited their answers, oldest first,
+    /// with the peer that holds them: sent as answers make room. A newcomer connecting to many peers
+    /// fills the window with reconciliations and list questions, and the fetches its first
+    /// reconciliation decides on would otherwise wait for a heartbeat or the next sync round to show
+    /// the records missing again. Unclaimed while they wait (another answer may bring them); at most
+    /// `MAX_PENDING_FETCHES` records in all.
+    deferred: VecDeque<(PeerId, Vec<RecordId>)>,
+    deferred_records: usize,
     /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
     list_fetches: HashMap<PeerId, Millis>,
     bans: BanList,
@@ -152,6 +160,8 @@ impl State {
             asked: HashMap::new(),
             next_id: 0,
             fetches: Fetches::default(),
+            deferred: VecDeque::new(),
+            deferred_records: 0,
             list_fetches: HashMap::new(),
             bans: BanList::default(),
             membership: Membership::default(),
@@ -273,6 +283,7 @@ impl State {
                 out.extend(self.bans.expire(now).into_iter().map(Action::Unban));
             }
         }
+        self.resume(now, &mut out);
         out
     }
 
@@ -336,14 +347,37 @@ impl State {
         }
     }
 
-    /// Asks `peer` for the records `ids` names that nobody is fetching yet, in pipelined requests.
+    /// Asks `peer` for the records `ids` names that nobody is fetching yet, in pipelined requests; what
+    /// the window has no room for waits its turn.
     fn fetch(&mut self, peer: PeerId, ids: Vec<RecordId>, now: Millis, out: &mut Vec<Action>) {
         for batch in self.fetches.claim(ids, now) {
             if !self.send(peer, Request::Fetch(batch.clone()), Asked::Fetch(batch.clone()), out) {
-                // Not sent: free the claims for the next round.
+                // Not sent: the claims are freed, and the batch waits for room.
                 self.fetches.failed(&batch);
+                if self.deferred_records + batch.len() <= MAX_PENDING_FETCHES {
+                    self.deferred_records += batch.len();
+                    self.deferred.push_back((peer, batch));
+                }
             }
         }
+    }
+
+    /// Sends waiting fetches while the window has room: to peers still connected, each record unless
+    /// the view holds it by now or another fetch claimed it meanwhile.
+    fn resume(&mut self, now: Millis, out: &mut Vec<Action>) {
+        while self.asked.len() < MAX_SYNC_IN_FLIGHT {
+            let Some((peer, mut batch)) = self.deferred.pop_front() else { break };
+            self.deferred_records -= batch.len();
+            batch.retain(|id| self.index.position(id).is_none());
+            if self.connected.contains(&peer) && !batch.is_empty() {
+                self.fetch(peer, batch, now, out);
+            }
+        }
+    }
+
+    /// Records whose fetch waits for room in the window.
+    pub fn deferred(&self) -> usize {
+        self.deferred_records
     }
 
     /// Sends a question unless `MAX_SYNC_IN_FLIGHT` are already awaiting answers (the work is then
@@ -390,6 +424,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::defaults::FETCH_BATCH;
     use crate::proto::reconcile::record_id;
 
     const CONFIG: Config = Config { list_refetch: 2_000 };
@@ -518,10 +553,31 @@ mod tests {
         let actions = s.handle(Event::Missing { from: peer, publisher: peer, ids }, 0);
         assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT);
         // The connection asked three questions: a reconciliation, the peer's list, who is alive.
-        assert_eq!(sends(&actions).len(), MAX_SYNC_IN_FLIGHT - 3);
-        // Answers free room for the next round.
-        let (_, id, _) = sends(&actions)[0].clone();
-        s.handle(Event::Answered { id, frame: None, reach: None }, 1);
-        assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT - 1);
+        let sent = sends(&actions);
+        assert_eq!(sent.len(), MAX_SYNC_IN_FLIGHT - 3);
+        // The rest waits its turn, bounded (those sent hold their claims).
+        let waiting = 100_000 - (MAX_SYNC_IN_FLIGHT - 3) * FETCH_BATCH;
+        assert_eq!(s.deferred(), waiting.min(MAX_PENDING_FETCHES));
+        // An answer makes room: the next batch goes at once, to the same peer, none asked twice.
+        let (_, id, _) = sent[0].clone();
+        let next = sends(&s.handle(Event::Answered { id, frame: None, reach: None }, 1));
+        assert_eq!(next.len(), 1);
+        assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT);
+        let asked = |r: &Request| match r {
+            Request::Fetch(ids) => ids.clone(),
+            _ => Vec::new(),
+        };
+        let before: std::collections::HashSet<RecordId> =
+            sent.iter().flat_map(|(_, _, r)| asked(r)).collect();
+        assert_eq!(next[0].0, peer);
+        assert_eq!(asked(&next[0].2).len(), FETCH_BATCH);
+        assert!(asked(&next[0].2).iter().all(|id| !before.contains(id)));
+        // A failure makes room too; a peer gone takes its waiting fetches with it.
+        let (_, id, _) = sent[1].clone();
+        assert_eq!(sends(&s.handle(Event::Failed { id }, 2)).len(), 1);
+        s.handle(Event::Closed { peer, watched: false }, 3);
+        let (_, id, _) = sent[2].clone();
+        assert!(sends(&s.handle(Event::Failed { id }, 4)).is_empty());
+        assert_eq!(s.deferred(), 0);
     }
 }

@@ -153,24 +153,23 @@ class Node:
             pass
         return None
 
-    def declared_down_at(self, peer_id, since):
-        """Wall-clock time at which this node marked `peer_id`'s agents down, from its log."""
-        out = subprocess.run(["docker", "logs", "--since", str(int(since) - 1), self.name],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
-        for line in out.splitlines():
-            if '"publisher declared down"' in line and f'"publisher":"{peer_id}"' in line:
-                return parse_rfc3339(json.loads(line)["timestamp"])
-        return None
-
-    def applied_at(self, agent_id, since):
-        """Wall-clock time at which this node applied the card, from its log."""
+    def logged_at(self, message, field, value, since):
+        """Wall-clock time of this node's first log event `message` with `field` = `value` since `since`."""
         # The daemon logs to stderr; docker keeps the two streams apart.
         out = subprocess.run(["docker", "logs", "--since", str(int(since) - 1), self.name],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
         for line in out.splitlines():
-            if '"card applied"' in line and f'"agent_id":"{agent_id}"' in line:
+            if f'"{message}"' in line and f'"{field}":"{value}"' in line:
                 return parse_rfc3339(json.loads(line)["timestamp"])
         return None
+
+    def declared_down_at(self, peer_id, since):
+        """Wall-clock time at which this node marked `peer_id`'s agents down."""
+        return self.logged_at("publisher declared down", "publisher", peer_id, since)
+
+    def applied_at(self, agent_id, since):
+        """Wall-clock time at which this node applied the card."""
+        return self.logged_at("card applied", "agent_id", agent_id, since)
 
 
 def parse_rfc3339(stamp):

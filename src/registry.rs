@@ -291,7 +291,8 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// A view of `entries`, which must be sorted by key, grouped by publisher here (O(view): for tests
-    /// and tooling; the registry's own snapshots come from [`Entries`], which keeps the grouping).
+    /// and tooling; the registry's own snapshots come from the writer's `Entries`, which keeps the
+    /// grouping).
     pub fn new(generation: u64, entries: Vec<Arc<Entry>>) -> Self {
         let by_publisher = entries::group(&entries);
         Self { generation, entries, by_publisher }

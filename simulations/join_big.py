@@ -109,6 +109,8 @@ def main():
                 print(json.dumps(result, indent=2))
                 sys.exit(1)
         if opts.publishers > 1 and opts.settle > 0:
+            # A mark for profiling the mesh at rest (`perf record -a` in another shell).
+            print(f"mesh holds the full view; settling {opts.settle:.0f} s", file=sys.stderr, flush=True)
             time.sleep(max(0.0, opts.settle - 3))
             result["settle_s"] = opts.settle
             result["machine_idle_before_join"] = round(idle_share(3.0), 2)

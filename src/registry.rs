@@ -577,17 +577,16 @@ impl Registry {
         let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
         let origin = Origin::Local(liveness);
         let held = map.get(&key);
+        let text = String::from_utf8(card.to_json()).unwrap_or_default();
         // Re-registering the same card (an agent restarting, card files at every start) writes nothing,
         // so it neither wears the disk nor sends a new version around the mesh.
         let applied = match held {
-            Some(e) if e.origin == origin && e.card.text().as_bytes() == card.to_json() => {
-                Applied::Unchanged { seq: e.seq }
-            }
+            Some(e) if e.origin == origin && *e.card.text() == *text => Applied::Unchanged { seq: e.seq },
             _ => {
                 self.admit_local(usize::from(held.is_none()))?;
                 let seq = next_local_seq(held.map(|e| e.seq), now);
-                let sig = self.sign(&card, seq);
-                let update = Update::upsert(self.me, seq, card, origin, sig);
+                let sig = self.sign(&card, &text, seq);
+                let update = Update::Upsert { publisher: self.me, seq, card, text, origin, sig };
                 let applied = self.apply_locked(&mut map, update, now).await?;
                 self.publish(&mut map);
                 let _ = self.changes.send(LocalChange::Card { agent_id: key.agent_id.clone() });
@@ -619,11 +618,11 @@ impl Registry {
     }
 
     /// Signs a local card at a seq.
-    fn sign(&self, card: &AgentCard, seq: u64) -> Vec<u8> {
-        let json = String::from_utf8(card.to_json()).unwrap_or_default();
+    /// This node's signature over `card` at `seq`; `text` is the card's canonical JSON.
+    fn sign(&self, card: &AgentCard, text: &str, seq: u64) -> Vec<u8> {
         crate::wire::sign_card(
             &self.signer,
-            &crate::wire::CardBody { agent_id: card.agent_id.clone(), seq, card: json },
+            &crate::wire::CardBody { agent_id: card.agent_id.clone(), seq, card: text.to_owned() },
         )
     }
 
@@ -851,10 +850,9 @@ impl Registry {
             let card = card.signed(&self.signer);
             let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
             let seq = next_local_seq(map.get(&key).map(|e| e.seq), now);
-            let sig = self.sign(&card, seq);
-            let json = card.to_json();
-            let held = HeldCard::with_text(&card, &json);
-            let json = String::from_utf8(json).unwrap_or_default();
+            let json = String::from_utf8(card.to_json()).unwrap_or_default();
+            let sig = self.sign(&card, &json, seq);
+            let held = HeldCard::with_text(&card, json.as_bytes());
             let mut row =
                 Row::new(&self.me.to_bytes(), key.agent_id.clone(), seq, origin.to_u8(), now, json, &sig);
             self.seal.seal(&mut row);

@@ -19,7 +19,8 @@
 //! (0-1; a lost segment costs TCP's 200 ms retransmission), `--hop-ms X` (processing per message, which
 //! keeps the node busy), `--hop-delay-ms X` (latency per message in a node that does not), `--card-us N`
 //! (processing per card of a sync answer, 60), `--seed N` (1), `--explain` (print every false alarm
-//! with what the observer holds of the agent and what last set its state), `--vanishing-hosts` (a
+//! with what the observer holds of the agent and what last set its state, and each node that has not
+//! every agent active 10 s into the start with what it lacks), `--vanishing-hosts` (a
 //! crashed node's address goes with it, as a killed container's does: a dial to it fails only after
 //! the kernel's 3 s neighbour timeout instead of being refused at once).
 
@@ -69,6 +70,8 @@ const MESSAGE_CACHE: T = 10 * SEC;
 /// How long a dial to an address nobody holds any more takes to fail: Linux gives up neighbour
 /// (ARP) resolution after 3 probes a second apart, and connect() then fails with EHOSTUNREACH.
 const NEIGHBOUR_TIMEOUT: T = 3 * SEC;
+/// When `--explain` lists what each node still lacks during the start.
+const START_EXPLAINED: T = 10 * SEC;
 
 #[derive(Debug, Clone)]
 struct Params {
@@ -1089,7 +1092,9 @@ impl Sim {
                 let cost = self.p.hop_cost + self.p.card_cost * cards.len() as T;
                 // The state machine hears of the answer at once; its cards queue for ingest.
                 self.handle(to, Event::Answered { id, frame, reach });
-                if !cards.is_empty() || !list.is_empty() {
+                // A fetch's answer goes to ingest even when empty, as in the daemon: ingest settles
+                // every record the fetch asked for, those the peer did not hold included.
+                if !cards.is_empty() || !list.is_empty() || self.nodes[to].fetching.contains_key(&id) {
                     let wire = Wire::Response { id, frame: None, reach: None, cards, list };
                     self.enqueue(to, from, wire, cost, epoch);
                 }
@@ -1170,6 +1175,29 @@ impl Sim {
                 now.saturating_sub(at),
                 l.iter().map(|a| (a.seq, a.reported)).collect::<Vec<_>>()
             )),
+            o.conns.contains(&publisher),
+        )
+    }
+
+    /// What `observer` lacks of `key` (at `seq`, active) when the start explains itself, if anything.
+    fn explain_start(&self, observer: usize, key: &RecordKey, seq: u64) -> String {
+        let publisher = self.ids[&key.publisher];
+        if self.holds(observer, key, seq) {
+            let health = self.health(observer, key);
+            return if health == Some(Health::Active) {
+                String::new()
+            } else {
+                self.explain(observer, publisher, key, health)
+            };
+        }
+        let o = &self.nodes[observer];
+        format!(
+            "at {:.3} s observer {observer} ({} connections) lacks the card of {publisher}: newest heartbeat \
+             sent at {:?} ms, current list {:?}, connected to it: {}",
+            self.now as f64 / 1e6,
+            o.conns.len(),
+            o.records.heard_sent_at(&key.publisher),
+            o.records.current_list(&key.publisher).map(|(at, list)| (at, list.len())),
             o.conns.contains(&publisher),
         )
     }
@@ -1305,7 +1333,17 @@ fn boot(p: &Params) -> (Sim, Outcome) {
         .map(|(i, a)| (sim.own_key(i, a), 1))
         .collect();
     let times = sim.until_each(&everyone, 0, 120 * SEC, 250 * MS, |sim, node| {
-        keys.iter().all(|(k, s)| sim.holds(node, k, *s) && sim.health(node, k) == Some(Health::Active))
+        let done =
+            keys.iter().all(|(k, s)| sim.holds(node, k, *s) && sim.health(node, k) == Some(Health::Active));
+        if !done && sim.p.explain && (START_EXPLAINED..START_EXPLAINED + 250 * MS).contains(&sim.now) {
+            for (k, s) in &keys {
+                let why = sim.explain_start(node, k, *s);
+                if !why.is_empty() {
+                    eprintln!("{why}");
+                }
+            }
+        }
+        done
     });
     let o = outcome("start", "every agent active on the node", &times);
     (sim, o)

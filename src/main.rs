@@ -1,5 +1,7 @@
+use std::cell::Cell;
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
@@ -53,10 +55,46 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How often at most a runtime thread going idle hands back what it freed ([`collect_when_idle`]).
+const COLLECT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Hands this thread's freed memory back to the system: mimalloc keeps each thread's pages until that
+/// thread itself looks at them again, and blocks another thread freed wait on the page's list until
+/// then. A node that had just caught up with a mesh (10,000 agents) held 7 MB that way, most of it on
+/// the two runtime workers, until each thread collected (BENCHMARKS.md, "Memory").
+fn collect(force: bool) {
+    // SAFETY: collects the calling thread's own heap, which mimalloc allows at any time.
+    unsafe { libmimalloc_sys::mi_collect(force) };
+}
+
+/// Collects when a runtime worker goes idle, at most once per [`COLLECT_INTERVAL`]: a busy worker
+/// reuses what it frees anyway, an idle one would keep it indefinitely.
+fn collect_when_idle() {
+    thread_local! {
+        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    LAST.with(|last| {
+        let now = Instant::now();
+        if last.get().is_none_or(|at| now.duration_since(at) >= COLLECT_INTERVAL) {
+            last.set(Some(now));
+            collect(true);
+        }
+    });
+}
+
+fn main() -> ExitCode {
     tune_allocator();
-    match run(Cli::parse()).await {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(collect_when_idle)
+        // A blocking-pool thread ends after a while idle: what it still holds goes with its heap.
+        .on_thread_stop(|| collect(true))
+        .build();
+    let outcome = match runtime {
+        Ok(runtime) => runtime.block_on(run(Cli::parse())),
+        Err(error) => Err(anyhow::Error::new(error).context("cannot start the async runtime")),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", report(&error));

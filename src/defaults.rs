@@ -198,6 +198,9 @@ pub const MAX_UNANNOUNCED: usize = 256;
 /// Largest reconciliation frame: a newcomer learns the ids of a large view in frames of this size
 /// (about 8,000 record ids each), one round trip apiece.
 pub const RECONCILE_FRAME_BYTES: usize = 256 * 1024;
+/// Reconciliations of this node under way at once at most; more peers met at once wait their turn,
+/// as do all while this node is catching up (`proto::state`).
+pub const MAX_RECONCILING: usize = 4;
 /// Records asked for in one fetch request at most (and so cards in one answer: 256 maximal cards are
 /// 16 MiB). Several requests are in flight at once, so a newcomer's fetches are pipelined.
 pub const FETCH_BATCH: usize = 256;

@@ -59,6 +59,15 @@ impl Fetches {
         }
     }
 
+    /// Records claimed now.
+    pub fn len(&self) -> usize {
+        self.claimed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.claimed.is_empty()
+    }
+
     pub fn expire(&mut self, now: Millis) {
         self.claimed.retain(|_, &mut at| at > now);
     }

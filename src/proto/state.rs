@@ -20,7 +20,10 @@ use super::fetch::Fetches;
 use super::membership::{self, Membership, Reach};
 use super::reconcile::{Index, RecordId};
 use crate::clock::Millis;
-use crate::defaults::{HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_PENDING_FETCHES, MAX_SYNC_IN_FLIGHT};
+use crate::defaults::{
+    FETCH_BATCH, HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_PENDING_FETCHES, MAX_RECONCILING,
+    MAX_SYNC_IN_FLIGHT,
+};
 
 /// A question to a peer over the sync protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +140,13 @@ pub struct State {
     /// `MAX_PENDING_FETCHES` records in all.
     deferred: VecDeque<(PeerId, Vec<RecordId>)>,
     deferred_records: usize,
+    /// Peers whose reconciliation waits its turn, oldest first (each once): at most `MAX_RECONCILING`
+    /// run at once, and none starts while this node is catching up (`FETCH_BATCH` records or more
+    /// being fetched). A newcomer meets dozens of peers within milliseconds; reconciling its near-empty
+    /// view with all of them would have each session list most of the view, and every answer compete
+    /// with the fetches for the window. Once what it fetches has landed, each takes one round trip.
+    /// Bounded by the peers connected.
+    sync_waiting: VecDeque<PeerId>,
     /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
     list_fetches: HashMap<PeerId, Millis>,
     bans: BanList,
@@ -162,6 +172,7 @@ impl State {
             fetches: Fetches::default(),
             deferred: VecDeque::new(),
             deferred_records: 0,
+            sync_waiting: VecDeque::new(),
             list_fetches: HashMap::new(),
             bans: BanList::default(),
             membership: Membership::default(),
@@ -222,6 +233,7 @@ impl State {
             }
             Event::Closed { peer, watched } => {
                 self.connected.remove(&peer);
+                self.sync_waiting.retain(|p| *p != peer);
                 if !self.bans.is_banned(&peer, now) {
                     let actions = self.membership.closed(peer, watched, now, &mut self.rng);
                     self.detector(actions, &mut out);
@@ -337,8 +349,17 @@ impl State {
         }
     }
 
-    /// Starts an anti-entropy round with `peer`: reconciliation first, then fetches of what it shows.
+    /// Starts an anti-entropy round with `peer` (reconciliation first, then fetches of what it shows),
+    /// or queues it for its turn.
     fn start_sync(&mut self, peer: PeerId, out: &mut Vec<Action>) {
+        if self.may_reconcile() {
+            self.reconcile(peer, out);
+        } else if !self.sync_waiting.contains(&peer) {
+            self.sync_waiting.push_back(peer);
+        }
+    }
+
+    fn reconcile(&mut self, peer: PeerId, out: &mut Vec<Action>) {
         match self.index.initiate() {
             Ok(frame) => {
                 self.send(peer, Request::Reconcile(frame), Asked::Reconcile, out);
@@ -373,6 +394,28 @@ impl State {
                 self.fetch(peer, batch, now, out);
             }
         }
+        while self.may_reconcile() {
+            let Some(peer) = self.sync_waiting.pop_front() else { break };
+            if self.connected.contains(&peer) && !self.bans.is_banned(&peer, now) {
+                self.reconcile(peer, out);
+            }
+        }
+    }
+
+    /// Reconciliations under way (each has one frame in flight at a time).
+    fn reconciling(&self) -> usize {
+        self.asked.values().filter(|(_, asked)| matches!(asked, Asked::Reconcile)).count()
+    }
+
+    /// Whether another reconciliation may start now: fewer than `MAX_RECONCILING` under way, and this
+    /// node not catching up (fewer than `FETCH_BATCH` records being fetched or waiting to be).
+    fn may_reconcile(&self) -> bool {
+        self.reconciling() < MAX_RECONCILING && self.fetches.len() + self.deferred_records < FETCH_BATCH
+    }
+
+    /// Peers whose reconciliation waits its turn.
+    pub fn sync_waiting(&self) -> usize {
+        self.sync_waiting.len()
     }
 
     /// Records whose fetch waits for room in the window.
@@ -542,6 +585,76 @@ mod tests {
         assert_eq!(s.handle(Event::Connected(bad), 20), vec![Action::Refuse(bad)]);
         let end = 10 + crate::defaults::BAN_FOR.as_millis() as Millis + 1;
         assert!(s.handle(Event::Tick, end).contains(&Action::Unban(bad)));
+    }
+
+    /// A newcomer meeting many peers at once reconciles with a few; the rest wait while it fetches
+    /// what the first answers showed, and go once those records have landed.
+    #[test]
+    fn a_catching_up_node_reconciles_with_a_few_peers_at_a_time() {
+        let mut s = State::new(CONFIG, 3);
+        let peers: Vec<PeerId> = (0..10).map(|_| PeerId::random()).collect();
+        let reconciles = |actions: &[Action]| -> Vec<(PeerId, RequestId)> {
+            sends(actions)
+                .into_iter()
+                .filter(|(_, _, r)| matches!(r, Request::Reconcile(_)))
+                .map(|(p, id, _)| (p, id))
+                .collect()
+        };
+        let mut started = Vec::new();
+        for peer in &peers {
+            started.extend(reconciles(&s.handle(Event::Connected(*peer), 0)));
+        }
+        assert_eq!(started.len(), MAX_RECONCILING);
+        assert_eq!(s.sync_waiting(), peers.len() - MAX_RECONCILING);
+        // The first peer's records, as the answer to this node's (empty) first frame shows them.
+        let first = started[0].0;
+        let records: Vec<(PeerId, String, u64)> = (0..1_000).map(|i| (first, format!("a{i}"), 1)).collect();
+        let theirs = Index::build(records.iter().map(|(p, a, s)| (p, a.as_str(), *s)));
+        let mut frame = theirs.respond(&s.index().initiate().unwrap()).unwrap();
+        let mut id = started[0].1;
+        let mut fetches: Vec<(RequestId, Vec<RecordId>)> = Vec::new();
+        loop {
+            let actions = s.handle(Event::Answered { id, frame: Some(frame.clone()), reach: None }, 1);
+            fetches.extend(sends(&actions).into_iter().filter_map(|(_, id, r)| match r {
+                Request::Fetch(ids) => Some((id, ids)),
+                _ => None,
+            }));
+            let more = reconciles(&actions);
+            assert!(more.iter().all(|(p, _)| *p == first), "no reconciliation starts while catching up");
+            let Some(&(_, next)) = more.first() else { break };
+            let Some(Request::Reconcile(ours)) =
+                sends(&actions).into_iter().find(|(_, i, _)| *i == next).map(|(_, _, r)| r)
+            else {
+                unreachable!()
+            };
+            (id, frame) = (next, theirs.respond(&ours).unwrap());
+        }
+        assert_eq!(fetches.iter().map(|(_, ids)| ids.len()).sum::<usize>(), 1_000, "all it holds is fetched");
+        // The other sessions end (their peers hold what this node holds): still none while fetching.
+        for (_, id) in &started[1..] {
+            let actions = s.handle(Event::Failed { id: *id }, 2);
+            assert!(reconciles(&actions).is_empty());
+        }
+        assert_eq!(s.sync_waiting(), peers.len() - MAX_RECONCILING);
+        // The records land: the waiting peers go, a few at a time.
+        s.handle(Event::View(Arc::new(theirs)), 3);
+        let mut next = Vec::new();
+        for (id, ids) in fetches {
+            s.handle(Event::Answered { id, frame: None, reach: None }, 4);
+            next.extend(reconciles(&s.handle(Event::Settled(ids), 4)));
+        }
+        assert_eq!(next.len(), MAX_RECONCILING);
+        assert!(next.iter().all(|(p, _)| !started.iter().any(|(q, _)| q == p)), "each peer once");
+        // A peer that went while waiting is skipped.
+        let gone = peers[peers.len() - 1];
+        s.handle(Event::Closed { peer: gone, watched: false }, 5);
+        let mut rest = Vec::new();
+        for (_, id) in next {
+            rest.extend(reconciles(&s.handle(Event::Failed { id }, 6)));
+        }
+        assert_eq!(rest.len(), peers.len() - 2 * MAX_RECONCILING - 1);
+        assert!(rest.iter().all(|(p, _)| *p != gone));
+        assert_eq!(s.sync_waiting(), 0);
     }
 
     #[test]

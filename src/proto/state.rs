@@ -149,6 +149,12 @@ pub struct State {
     sync_waiting: VecDeque<PeerId>,
     /// When each publisher's list may be fetched again (at most `MAX_LIST_FETCHES`).
     list_fetches: HashMap<PeerId, Millis>,
+    /// List questions (whom to ask, whose list) that found the window full, oldest first, each
+    /// publisher once: sent as answers make room, ahead of waiting fetches (a list is what makes the
+    /// held cards of its publisher alive). A newcomer hears every publisher's heartbeat at once, by
+    /// digest, and asks for every list; those beyond the window used to wait for the publisher's next
+    /// heartbeat. At most `MAX_LIST_FETCHES`.
+    lists_waiting: VecDeque<(PeerId, PeerId)>,
     bans: BanList,
     membership: Membership,
     /// Questions for every publisher's heartbeats that failed and were asked again of another peer.
@@ -174,6 +180,7 @@ impl State {
             deferred_records: 0,
             sync_waiting: VecDeque::new(),
             list_fetches: HashMap::new(),
+            lists_waiting: VecDeque::new(),
             bans: BanList::default(),
             membership: Membership::default(),
             heartbeats_retries: 0,
@@ -223,7 +230,7 @@ impl State {
                 self.start_sync(peer, &mut out);
                 // Its newest heartbeat and list at once: its agents are alive as their cards land,
                 // without waiting for its next heartbeat to reach this node by gossip.
-                self.send(peer, Request::List(peer), Asked::List, &mut out);
+                self.ask_list(peer, peer, &mut out);
                 // A node with hardly any peer (just started, or back from isolation) hears nobody's
                 // heartbeats yet: the first peers it meets tell it who is alive, one at a time.
                 let asking = self.asked.values().any(|(_, asked)| matches!(asked, Asked::Heartbeats));
@@ -272,7 +279,7 @@ impl State {
                     // heartbeat, so it most likely holds the list.
                     self.list_fetches.insert(publisher, now + self.config.list_refetch);
                     let peer = self.ask_for(publisher, from);
-                    self.send(peer, Request::List(publisher), Asked::List, &mut out);
+                    self.ask_list(peer, publisher, &mut out);
                 }
             }
             Event::Settled(ids) => self.fetches.failed(&ids),
@@ -387,6 +394,15 @@ impl State {
     /// the view holds it by now or another fetch claimed it meanwhile.
     fn resume(&mut self, now: Millis, out: &mut Vec<Action>) {
         while self.asked.len() < MAX_SYNC_IN_FLIGHT {
+            let Some((peer, publisher)) = self.lists_waiting.pop_front() else { break };
+            if self.connected.contains(&peer) {
+                self.send(peer, Request::List(publisher), Asked::List, out);
+            } else {
+                // Whoever relays the publisher's next heartbeat may be asked at once.
+                self.list_fetches.remove(&publisher);
+            }
+        }
+        while self.asked.len() < MAX_SYNC_IN_FLIGHT {
             let Some((peer, mut batch)) = self.deferred.pop_front() else { break };
             self.deferred_records -= batch.len();
             batch.retain(|id| self.index.position(id).is_none());
@@ -416,6 +432,21 @@ impl State {
     /// Peers whose reconciliation waits its turn.
     pub fn sync_waiting(&self) -> usize {
         self.sync_waiting.len()
+    }
+
+    /// Asks `peer` for `publisher`'s list, or queues the question while the window is full.
+    fn ask_list(&mut self, peer: PeerId, publisher: PeerId, out: &mut Vec<Action>) {
+        if !self.send(peer, Request::List(publisher), Asked::List, out)
+            && self.lists_waiting.len() < MAX_LIST_FETCHES
+            && !self.lists_waiting.iter().any(|(_, p)| *p == publisher)
+        {
+            self.lists_waiting.push_back((peer, publisher));
+        }
+    }
+
+    /// List questions waiting for room in the window.
+    pub fn lists_waiting(&self) -> usize {
+        self.lists_waiting.len()
     }
 
     /// Records whose fetch waits for room in the window.
@@ -655,6 +686,55 @@ mod tests {
         assert_eq!(rest.len(), peers.len() - 2 * MAX_RECONCILING - 1);
         assert!(rest.iter().all(|(p, _)| *p != gone));
         assert_eq!(s.sync_waiting(), 0);
+    }
+
+    /// Lists asked for while the window is full wait their turn, each publisher once, ahead of
+    /// waiting fetches; those of a peer gone are dropped.
+    #[test]
+    fn list_questions_wait_for_room_in_the_window() {
+        let mut s = State::new(CONFIG, 7);
+        let (relay, other) = (PeerId::random(), PeerId::random());
+        s.handle(Event::Connected(relay), 0);
+        s.handle(Event::Connected(other), 0);
+        // The window fills with fetches.
+        let ids: Vec<RecordId> = (0..100_000u64).map(|i| record_id(&relay, "a", i)).collect();
+        s.handle(Event::Missing { from: relay, publisher: relay, ids }, 0);
+        assert_eq!(s.in_flight(), MAX_SYNC_IN_FLIGHT);
+        let publishers: Vec<PeerId> = (0..100).map(|_| PeerId::random()).collect();
+        for publisher in &publishers {
+            assert!(sends(&s.handle(Event::ListUnknown { from: relay, publisher: *publisher }, 1)).is_empty());
+            // Heard again at once: still one question.
+            s.handle(Event::ListUnknown { from: relay, publisher: *publisher }, 1);
+        }
+        assert_eq!(s.lists_waiting(), publishers.len());
+        // Each answer makes room for the oldest waiting list first.
+        let mut asked = Vec::new();
+        let mut in_flight: Vec<RequestId> = Vec::new();
+        let mut answered = 0u64;
+        while asked.len() < publishers.len() {
+            let id = in_flight.pop().unwrap_or(answered);
+            answered += 1;
+            for (peer, id, request) in sends(&s.handle(Event::Answered { id, frame: None, reach: None }, 2)) {
+                if let Request::List(publisher) = request {
+                    assert_eq!(peer, relay);
+                    asked.push(publisher);
+                    in_flight.push(id);
+                } else {
+                    panic!("a fetch went before a waiting list: {request:?}");
+                }
+            }
+        }
+        assert_eq!(asked, publishers, "each once, oldest first");
+        assert_eq!(s.lists_waiting(), 0);
+        // A list waiting on a peer that went is dropped; its publisher may be asked again.
+        let late = PeerId::random();
+        s.handle(Event::ListUnknown { from: other, publisher: late }, 3);
+        assert_eq!(s.lists_waiting(), 1);
+        s.handle(Event::Closed { peer: other, watched: false }, 4);
+        s.handle(Event::Answered { id: in_flight[0], frame: None, reach: None }, 5);
+        assert_eq!(s.lists_waiting(), 0);
+        let again = sends(&s.handle(Event::ListUnknown { from: relay, publisher: late }, 6));
+        assert!(again.iter().any(|(_, _, r)| *r == Request::List(late)) || s.lists_waiting() == 1);
     }
 
     #[test]

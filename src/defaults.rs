@@ -181,8 +181,11 @@ pub const LIST_ENTRIES_PER_RECORD: usize = 2;
 pub const MAX_LIST_ENTRIES: usize = LIST_ENTRIES_PER_RECORD * MAX_REMOTE_RECORDS;
 /// Tombstones (recent removals that hide older copies of a card) held at most; the oldest go first.
 pub const MAX_TOMBSTONES: usize = 100_000;
-/// List fetches waiting for their answer, or for their turn, at most (one per publisher).
-pub const MAX_LIST_FETCHES: usize = 256;
+/// Publishers whose list is being fetched, waits for room in the request window, or was fetched within
+/// the last heartbeat interval, at most (one entry each): as many as the publishers tracked, so that a
+/// newcomer hearing every publisher's heartbeat at once asks for every list in one go (the window
+/// still bounds the questions in flight).
+pub const MAX_LIST_FETCHES: usize = MAX_TRACKED_PUBLISHERS;
 /// Sync requests of this node awaiting an answer at most: a round beyond it waits for the next tick.
 pub const MAX_SYNC_IN_FLIGHT: usize = 64;
 /// A node connected to at most this many peers asks each new one for every publisher's newest

@@ -153,7 +153,7 @@ pub struct State {
     /// publisher once: sent as answers make room, ahead of waiting fetches (a list is what makes the
     /// held cards of its publisher alive). A newcomer hears every publisher's heartbeat at once, by
     /// digest, and asks for every list; those beyond the window used to wait for the publisher's next
-    /// heartbeat. At most `MAX_LIST_FETCHES`.
+    /// heartbeat. At most `MAX_LIST_FETCHES` (about 1.5 MB).
     lists_waiting: VecDeque<(PeerId, PeerId)>,
     bans: BanList,
     membership: Membership,
@@ -230,7 +230,7 @@ impl State {
                 self.start_sync(peer, &mut out);
                 // Its newest heartbeat and list at once: its agents are alive as their cards land,
                 // without waiting for its next heartbeat to reach this node by gossip.
-                self.ask_list(peer, peer, &mut out);
+                let _ = self.ask_list(peer, peer, &mut out);
                 // A node with hardly any peer (just started, or back from isolation) hears nobody's
                 // heartbeats yet: the first peers it meets tell it who is alive, one at a time.
                 let asking = self.asked.values().any(|(_, asked)| matches!(asked, Asked::Heartbeats));
@@ -277,9 +277,10 @@ impl State {
                 if due && self.list_fetches.len() < MAX_LIST_FETCHES {
                     // At most one fetch per publisher per heartbeat interval; the sender accepted the
                     // heartbeat, so it most likely holds the list.
-                    self.list_fetches.insert(publisher, now + self.config.list_refetch);
                     let peer = self.ask_for(publisher, from);
-                    self.ask_list(peer, publisher, &mut out);
+                    if self.ask_list(peer, publisher, &mut out) {
+                        self.list_fetches.insert(publisher, now + self.config.list_refetch);
+                    }
                 }
             }
             Event::Settled(ids) => self.fetches.failed(&ids),
@@ -434,14 +435,24 @@ impl State {
         self.sync_waiting.len()
     }
 
-    /// Asks `peer` for `publisher`'s list, or queues the question while the window is full.
-    fn ask_list(&mut self, peer: PeerId, publisher: PeerId, out: &mut Vec<Action>) {
-        if !self.send(peer, Request::List(publisher), Asked::List, out)
-            && self.lists_waiting.len() < MAX_LIST_FETCHES
-            && !self.lists_waiting.iter().any(|(_, p)| *p == publisher)
-        {
-            self.lists_waiting.push_back((peer, publisher));
+    /// Asks `peer` for `publisher`'s list, or queues the question while the window is full; false if
+    /// neither (the queue is full).
+    fn ask_list(&mut self, peer: PeerId, publisher: PeerId, out: &mut Vec<Action>) -> bool {
+        if self.send(peer, Request::List(publisher), Asked::List, out) {
+            return true;
         }
+        if self.lists_waiting.len() >= MAX_LIST_FETCHES {
+            return false;
+        }
+        // A publisher is queued once: its rate-limit entry keeps it from being asked again meanwhile,
+        // but a connection's own question has none.
+        if !self.list_fetches.contains_key(&publisher)
+            && self.lists_waiting.iter().any(|(_, p)| *p == publisher)
+        {
+            return true;
+        }
+        self.lists_waiting.push_back((peer, publisher));
+        true
     }
 
     /// List questions waiting for room in the window.

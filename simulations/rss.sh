@@ -5,8 +5,11 @@
 #           AGENTS=0 starts an empty node;
 #   join:   a publisher of AGENTS agents and one empty node bootstrapping to it: the joiner's RSS once it
 #           holds every agent and 15 s later, the publisher's, and the joiner's again after a restart on
-#           its own data directory (the same view, loaded instead of caught up).
-# Usage: simulations/rss.sh starts|join      (env: AGENTS, default 10,000; STARTS, default 6; PORT)
+#           its own data directory (the same view, loaded instead of caught up);
+#   collect: as join, and 15 s after the catch-up the joiner's anonymous RSS before and after
+#           `mi_collect(true)` is called in every one of its threads (gdb; root, or ptrace allowed):
+#           what the allocator still held that collecting gives back.
+# Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +78,7 @@ case "$MODE" in
       stop "$pid"
     done
     ;;
-  join)
+  join | collect)
     start "$work/data" "$PORT" $((PORT + 1))
     publisher=$pid
     ready "$PORT" >/dev/null
@@ -87,6 +90,10 @@ case "$MODE" in
     echo ", then: $(rss "$pid")"
     sleep 15
     echo "15 s later: joiner $(rss "$pid"); publisher $(rss "$publisher")"
+    if [ "$MODE" = collect ]; then
+      gdb -p "$pid" -batch -ex "thread apply all call (void)mi_collect(1)" >/dev/null 2>&1
+      echo "after mi_collect(true) in each of its $(ls /proc/"$pid"/task | wc -l) threads: $(rss "$pid")"
+    fi
     stop "$pid"
     start "$work/joiner" $((PORT + 2)) 0 "/ip4/127.0.0.1/tcp/$((PORT + 1))/p2p/$peer"
     echo -n "joiner restarted on its data: "
@@ -95,7 +102,7 @@ case "$MODE" in
     echo ", 3 s later: $(rss "$pid")"
     ;;
   *)
-    echo "usage: simulations/rss.sh starts|join" >&2
+    echo "usage: simulations/rss.sh starts|join|collect" >&2
     exit 2
     ;;
 esac

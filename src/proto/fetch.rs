@@ -60,12 +60,8 @@ impl Fetches {
     }
 
     /// Records claimed now.
-    pub fn len(&self) -> usize {
+    pub fn claimed(&self) -> usize {
         self.claimed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.claimed.is_empty()
     }
 
     pub fn expire(&mut self, now: Millis) {

@@ -901,12 +901,15 @@ impl Sim {
                 let node = &self.nodes[i];
                 let now = self.now / MS;
                 let since = now.saturating_sub(self.thresholds.degraded_after.as_millis() as u64);
-                // Remote publishers only, as the daemon answers (its own came with the `List`).
+                // Remote publishers only, as the daemon answers (its own came with the `List`), each
+                // with its current list: the daemon sends the messages that carried it after the
+                // heartbeat, which the asker takes as that list.
                 let mut beats = Vec::new();
                 for alive in node.records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER) {
                     let (publisher, sent_at, digest) =
                         (self.ids[&alive.publisher], alive.sent_at, alive.digest);
-                    beats.push(Arc::new(Payload::Heartbeat { publisher, sent_at, digest, agents: None }));
+                    let agents = node.records.current_list(&alive.publisher).map(|(_, agents)| agents);
+                    beats.push(Arc::new(Payload::Heartbeat { publisher, sent_at, digest, agents }));
                 }
                 (None, None, Vec::new(), beats)
             }

@@ -209,16 +209,9 @@ async fn apply_gossip(
             }
             Ok(verified) => {
                 apply_cards(registry, &mut run, &mut acceptances, counters).await;
-                acceptances[i] = apply_verified(
-                    registry,
-                    verified,
-                    &message.data,
-                    message.source,
-                    policy,
-                    counters,
-                    verdicts,
-                )
-                .await;
+                let follow_up = FollowUp { from: message.source, verdicts, lists_later: None };
+                acceptances[i] =
+                    apply_verified(registry, verified, &message.data, policy, counters, follow_up).await;
             }
         }
     }
@@ -285,6 +278,9 @@ async fn apply_signed(
     }
     let mut cards = Vec::with_capacity(parsed.len());
     let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
+    // Publishers whose heartbeat named a list not held: asked for once the whole answer is in, since
+    // the answer may carry that list after the heartbeat (the answer to `Heartbeats` does).
+    let mut unknown_lists: Vec<PeerId> = Vec::new();
     let opened = open_all(parsed, policy);
     let opened_at = started.elapsed();
     for (opened, message) in opened.into_iter().zip(raw) {
@@ -308,8 +304,9 @@ async fn apply_signed(
                 chunks.entry(publisher).or_default().push((chunk, message));
             }
             verified => {
+                let follow_up = FollowUp { from, verdicts, lists_later: Some(&mut unknown_lists) };
                 let acceptance =
-                    apply_verified(registry, verified, &message, from, policy, counters, verdicts).await;
+                    apply_verified(registry, verified, &message, policy, counters, follow_up).await;
                 rejected += u32::from(acceptance == MessageAcceptance::Reject);
             }
         }
@@ -341,6 +338,13 @@ async fn apply_signed(
     for (publisher, chunks) in chunks {
         let acceptance = apply_list(registry, publisher, chunks, from, counters, verdicts);
         rejected += u32::from(acceptance == MessageAcceptance::Reject);
+    }
+    unknown_lists.sort_unstable();
+    unknown_lists.dedup();
+    for publisher in unknown_lists {
+        if registry.signed_list(&publisher).is_none() {
+            let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
+        }
     }
     tracing::debug!(
         %from,
@@ -572,16 +576,25 @@ fn tally(counters: &Counters, publisher: PeerId, outcome: Result<Fate, RegistryE
     }
 }
 
+/// Where the questions a verified message raises go: to `from`, through `verdicts`; with `lists_later`,
+/// a heartbeat's unknown list is left there for the caller to ask for once the rest of the same answer
+/// is applied (it may carry that list).
+struct FollowUp<'a> {
+    from: PeerId,
+    verdicts: &'a mpsc::Sender<Verdict>,
+    lists_later: Option<&'a mut Vec<PeerId>>,
+}
+
 /// Applies a verified message (`data`: the message as received, kept when a heartbeat carries a list).
 async fn apply_verified(
     registry: &Registry,
     verified: wire::Verified,
     data: &[u8],
-    from: PeerId,
     policy: &Policy,
     counters: &Counters,
-    verdicts: &mpsc::Sender<Verdict>,
+    follow_up: FollowUp<'_>,
 ) -> MessageAcceptance {
+    let FollowUp { from, verdicts, lists_later } = follow_up;
     let publisher = verified.publisher;
     if publisher == policy.me {
         return MessageAcceptance::Ignore;
@@ -602,8 +615,12 @@ async fn apply_verified(
         Message::Heartbeat(body) => {
             let outcome = registry.remote_heartbeat(publisher, &body, data, now);
             fetch_missing(verdicts, from, publisher, &outcome.missing);
-            if outcome.unknown_list {
-                let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
+            match lists_later {
+                _ if !outcome.unknown_list => {}
+                Some(later) => later.push(publisher),
+                None => {
+                    let _ = verdicts.try_send(Verdict::FetchList { from, publisher });
+                }
             }
             // A fetched list is applied but not forwarded: it is old news to everyone else.
             Ok(changed(!outcome.replayed && !outcome.list_installed))
@@ -925,6 +942,56 @@ mod tests {
         assert_eq!(h.gossip(&over, &big).await, MessageAcceptance::Ignore);
         assert_eq!(h.rejected("publisher_over_limit"), 1);
         assert_eq!(h.view().len(), 3);
+    }
+
+    /// The answer to `Heartbeats` (a newer digest-only heartbeat, then the older one that carried its
+    /// list; a long list's chunks after another's): every list is installed from the answer itself and
+    /// nothing is asked again. A heartbeat whose list the answer lacks is asked for, once it is all in.
+    #[tokio::test]
+    async fn who_is_alive_comes_with_the_lists_and_only_missing_lists_are_asked_for() {
+        let (verdicts, mut rx) = mpsc::channel(16);
+        let h = Harness { verdicts, ..Harness::new() };
+        let relay = Keypair::generate_ed25519().public().to_peer_id();
+        let agents = |n: usize| -> Vec<HeartbeatAgent> {
+            (0..n)
+                .map(|i| HeartbeatAgent {
+                    agent_id: format!("agent-{i}"),
+                    seq: 1,
+                    reported: crate::registry::health::Reported::Ready,
+                })
+                .collect()
+        };
+        let (short, long, bare) =
+            (Keypair::generate_ed25519(), Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let short_list = agents(3);
+        let short_digest = wire::agents_digest(&short_list);
+        let carrier = HeartbeatBody { sent_at: 10, digest: short_digest, agents: Some(short_list) };
+        let newest = HeartbeatBody { sent_at: 12, digest: short_digest, agents: None };
+        let long_list = agents(wire::LIST_CHUNK_AGENTS + 1);
+        let long_digest = wire::agents_digest(&long_list);
+        let long_beat = HeartbeatBody { sent_at: 20, digest: long_digest, agents: None };
+        let bare_beat = HeartbeatBody { sent_at: 30, digest: 99, agents: None };
+        let mut answer = vec![
+            wire::seal_heartbeat(&short, &newest),
+            wire::seal_heartbeat(&short, &carrier),
+            wire::seal_heartbeat(&long, &long_beat),
+            wire::seal_heartbeat(&bare, &bare_beat),
+        ];
+        answer.extend(wire::seal_list_chunks(&long, &long_list, long_digest));
+        h.sync(relay, &answer, Vec::new()).await;
+        let mut lists_asked = Vec::new();
+        while let Ok(verdict) = rx.try_recv() {
+            if let Verdict::FetchList { publisher, from } = verdict {
+                assert_eq!(from, relay);
+                lists_asked.push(publisher);
+            }
+        }
+        assert_eq!(lists_asked, vec![bare.public().to_peer_id()], "only the list the answer lacked");
+        let held = |k: &Keypair| h.registry.signed_list(&k.public().to_peer_id()).map(|l| l.len());
+        assert_eq!(held(&short), Some(1), "the older heartbeat that carried it");
+        assert_eq!(held(&long), Some(2), "both chunks");
+        assert_eq!(held(&bare), None);
+        assert_eq!(h.rejected("bad_list") + h.rejected("incomplete_list"), 0);
     }
 
     /// Chunks of a long list, fetched over sync: installed once all are there, refreshing what is held

@@ -22,8 +22,10 @@ pub enum SyncRequest {
     /// "Do you reach this peer?" (failure detection): answered with `reach`.
     Reach { target: ByteBuf },
     /// "Who is alive?": answered with the newest signed heartbeat of every remote publisher this node
-    /// heard within `degraded_after` (its own comes with the `List` every connection asks for) (bounded: `MAX_HEARTBEATS_ANSWER`,
-    /// `MAX_HEARTBEATS_ANSWER_BYTES`). Lists named by digest are fetched with `List` afterwards.
+    /// heard within `degraded_after` (its own comes with the `List` every connection asks for), each
+    /// followed by the signed messages that carried its current agent list (bounded:
+    /// `MAX_HEARTBEATS_ANSWER`, `MAX_HEARTBEATS_ANSWER_BYTES`). Only a list the answer had no room for
+    /// is fetched with `List` afterwards.
     Heartbeats,
 }
 
@@ -189,7 +191,8 @@ impl EventLoop {
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Heartbeats => {
-                // This node's own heartbeat is not among them: the asker has its `List` already.
+                // This node's own heartbeat is not among them: the asker has its `List` already. Each
+                // heartbeat is followed by what carried its list, as a `List` answer would be.
                 let heartbeats = self.registry.newest_heartbeats(now_millis());
                 let cards = heartbeats.iter().map(|m| m.to_vec().into()).collect();
                 SyncResponse { cards, frame: None, reach: None }

@@ -66,20 +66,40 @@ impl Registry {
     }
 
     /// The newest heartbeat of every remote publisher heard within `degraded_after` and not declared
-    /// down since, as signed (the most recently heard first, at most `MAX_HEARTBEATS_ANSWER` of them
-    /// and `MAX_HEARTBEATS_ANSWER_BYTES`): what a node that just joined is told of who is alive.
+    /// down since, as signed, each followed by the signed messages that carried its current agent list
+    /// (the most recently heard first; at most `MAX_HEARTBEATS_ANSWER` heartbeats and
+    /// `MAX_HEARTBEATS_ANSWER_BYTES` in all, a list that does not fit left out): what a node that just
+    /// joined is told of who is alive and what each says of its agents, without a `List` question per
+    /// publisher.
     pub fn newest_heartbeats(&self, now: Millis) -> Vec<Arc<[u8]>> {
         let since = now.saturating_sub(self.thresholds.degraded_after.as_millis() as u64);
-        let newest = self.remote.lock().newest_heartbeats(since, MAX_HEARTBEATS_ANSWER);
+        let records = self.remote.lock();
+        let mut answer = Vec::new();
         let mut bytes = 0;
-        newest
-            .into_iter()
-            .filter_map(|alive| alive.signed)
-            .take_while(|signed| {
-                bytes += signed.len();
-                bytes <= MAX_HEARTBEATS_ANSWER_BYTES
-            })
-            .collect()
+        for alive in records.newest_heartbeats(since, MAX_HEARTBEATS_ANSWER) {
+            let Some(signed) = alive.signed else { continue };
+            if bytes + signed.len() > MAX_HEARTBEATS_ANSWER_BYTES {
+                break;
+            }
+            bytes += signed.len();
+            // The heartbeat first: an older one that carried the list of its digest is then taken
+            // as that list (`Records::heard`). A list the newest heartbeat carried itself is not
+            // sent twice.
+            let carriers: Vec<Arc<[u8]>> = records
+                .signed_list(&alive.publisher)
+                .iter()
+                .flat_map(|list| list.iter())
+                .filter(|m| m[..] != signed[..])
+                .cloned()
+                .collect();
+            answer.push(signed);
+            let size: usize = carriers.iter().map(|m| m.len()).sum();
+            if bytes + size <= MAX_HEARTBEATS_ANSWER_BYTES {
+                bytes += size;
+                answer.extend(carriers);
+            }
+        }
+        answer
     }
 
     /// Applies a publisher's long agent list, reassembled from its signed chunks (the answer to a list
@@ -551,6 +571,24 @@ mod tests {
         beat(b, 6, now, b"b6");
         let alive: Vec<Vec<u8>> = r.newest_heartbeats(now).iter().map(|m| m.to_vec()).collect();
         assert_eq!(alive, vec![b"b6".to_vec(), b"a2".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn who_is_alive_carries_each_publishers_list_after_its_heartbeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let list = vec![HeartbeatAgent { agent_id: "x".into(), seq: 1, reported: Reported::Ready }];
+        let digest = crate::wire::agents_digest(&list);
+        // a: its list came in an older heartbeat, the newest names it by digest.
+        let carrier = HeartbeatBody { sent_at: 1, digest, agents: Some(list.clone()) };
+        r.remote_heartbeat(a, &carrier, b"a1 with the list", 1_000);
+        r.remote_heartbeat(a, &HeartbeatBody { sent_at: 2, digest, agents: None }, b"a2", 2_000);
+        // b: its newest heartbeat carried the list itself.
+        r.remote_heartbeat(b, &HeartbeatBody { sent_at: 5, digest, agents: Some(list) }, b"b5", 1_500);
+        let answer: Vec<Vec<u8>> = r.newest_heartbeats(2_000).iter().map(|m| m.to_vec()).collect();
+        let want: Vec<&[u8]> = vec![b"a2", b"a1 with the list", b"b5"];
+        assert_eq!(answer, want.iter().map(|m| m.to_vec()).collect::<Vec<_>>(), "b5 not sent twice");
     }
 
     #[tokio::test]

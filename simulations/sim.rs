@@ -12,7 +12,7 @@
 //!
 //! Scenarios (all by default, or `--scenario NAME`, repeatable): convergence, crash, leave, join,
 //! partition, churn; the start of the mesh is always measured first. Prints a Markdown table and writes
-//! `simulations/results/sim-<nodes>-<delay>ms.json` (or `--out PATH`).
+//! `simulations/results/sim-<nodes>-<delay>ms[-hop<hop-delay>].json` (or `--out PATH`).
 //!
 //! Flags: `--nodes N` (50), `--agents-per-node N` (1), `--degree N` (outbound connections besides the
 //! bootstrap node, 8), `--delay-ms X` and `--jitter-ms X` (per message on each link, 0), `--loss P`
@@ -1676,7 +1676,14 @@ fn main() {
         sim.sent_gossip,
         sim.sent_requests
     );
-    let path = out.unwrap_or_else(|| format!("simulations/results/sim-{}-{}ms.json", p.nodes, p.delay / MS));
+    let path = out.unwrap_or_else(|| {
+        // A run with latency in each node goes beside the plain one, not over it.
+        let hop = match p.hop_delay / MS {
+            0 => String::new(),
+            ms => format!("-hop{ms}"),
+        };
+        format!("simulations/results/sim-{}-{}ms{hop}.json", p.nodes, p.delay / MS)
+    });
     let doc = serde_json::json!({
         "nodes": p.nodes,
         "agents_per_node": p.agents_per_node,

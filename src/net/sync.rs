@@ -52,6 +52,7 @@ use crate::clock::now_millis;
 use crate::defaults::FETCH_BATCH;
 use crate::proto::membership::Reach;
 use crate::proto::reconcile::{Index, RecordId};
+use crate::proto::records;
 use crate::proto::state::{Event, Request};
 use crate::registry::Snapshot;
 
@@ -173,21 +174,21 @@ impl EventLoop {
             }
             SyncRequest::List { publisher } => {
                 let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
-                let mut cards: Vec<ByteBuf> = Vec::new();
-                let list = if publisher == *self.swarm.local_peer_id() {
-                    // This node's own newest heartbeat first: it says the node is alive now, and makes
-                    // the list that follows the one of the newest digest.
-                    cards.extend(self.last_heartbeat.as_ref().map(|h| h.to_vec().into()));
-                    self.own_list.clone()
+                // This node's own newest heartbeat first: it says the node is alive now, and makes the
+                // list that follows the one of the newest digest.
+                let (heartbeat, list) = if publisher == *self.swarm.local_peer_id() {
+                    (self.last_heartbeat.clone(), self.own_list.clone())
                 } else {
-                    self.registry.signed_list(&publisher)
+                    (None, self.registry.signed_list(&publisher))
                 };
+                let empty: &[u8] = &[];
+                let first = heartbeat.as_deref().unwrap_or(empty);
                 // Every chunk of a list goes in one answer (a list is bounded: `MAX_LIST_CHUNKS`).
-                for message in list.iter().flat_map(|l| l.iter()) {
-                    if cards.first().is_none_or(|first| first.as_slice() != &message[..]) {
-                        cards.push(message.to_vec().into());
-                    }
-                }
+                let cards: Vec<ByteBuf> = heartbeat
+                    .iter()
+                    .chain(list.iter().flat_map(|l| records::after(first, l)))
+                    .map(|m| m.to_vec().into())
+                    .collect();
                 SyncResponse { cards, frame: None, reach: None }
             }
             SyncRequest::Heartbeats => {

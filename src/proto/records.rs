@@ -130,6 +130,8 @@ pub struct Alive {
     pub digest: u64,
     /// The heartbeat as signed, when kept.
     pub signed: Option<Arc<[u8]>>,
+    /// The signed messages that carried the list it names, when held (as [`Records::signed_list`]).
+    pub list: Option<SignedList>,
 }
 
 /// What this node knows of one remote publisher besides its records.
@@ -235,6 +237,12 @@ pub struct Beats<T> {
     pub refresh: Vec<(T, Reported)>,
     /// Agents named at a seq this node lacks, with that seq: fetch their cards from the sender.
     pub missing: Vec<(String, u64)>,
+}
+
+/// The messages of `list` that follow `heartbeat` in an answer: all of them but the heartbeat itself,
+/// when it is the one that carried the list (a list is never sent twice in one answer).
+pub fn after<'a>(heartbeat: &'a [u8], list: &'a SignedList) -> impl Iterator<Item = &'a Arc<[u8]>> + Clone {
+    list.iter().filter(move |m| m[..] != *heartbeat)
 }
 
 /// Compares a publisher's agent list with the records held (`held(agent_id)`: the record held and its
@@ -476,7 +484,13 @@ impl Records {
                 let n = &s.newest;
                 (
                     n.at,
-                    Alive { publisher: *p, sent_at: n.sent_at, digest: n.digest, signed: n.signed.clone() },
+                    Alive {
+                        publisher: *p,
+                        sent_at: n.sent_at,
+                        digest: n.digest,
+                        signed: n.signed.clone(),
+                        list: s.list.as_ref().filter(|l| l.digest == n.digest).map(|l| l.signed.clone()),
+                    },
                 )
             })
             .collect();

@@ -83,21 +83,15 @@ impl Registry {
             }
             bytes += signed.len();
             // The heartbeat first: an older one that carried the list of its digest is then taken
-            // as that list (`Records::heard`). A list the newest heartbeat carried itself is not
-            // sent twice.
-            let carriers: Vec<Arc<[u8]>> = records
-                .signed_list(&alive.publisher)
-                .iter()
-                .flat_map(|list| list.iter())
-                .filter(|m| m[..] != signed[..])
-                .cloned()
-                .collect();
-            answer.push(signed);
-            let size: usize = carriers.iter().map(|m| m.len()).sum();
-            if bytes + size <= MAX_HEARTBEATS_ANSWER_BYTES {
+            // as that list (`Records::heard`).
+            let carriers = alive.list.iter().flat_map(|list| records::after(&signed, list));
+            let size: usize = carriers.clone().map(|m| m.len()).sum();
+            let fits = bytes + size <= MAX_HEARTBEATS_ANSWER_BYTES;
+            if fits {
                 bytes += size;
-                answer.extend(carriers);
             }
+            answer.push(signed.clone());
+            answer.extend(carriers.filter(|_| fits).cloned());
         }
         answer
     }

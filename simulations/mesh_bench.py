@@ -6,6 +6,7 @@ earlier node chosen at random), wait until the mesh is up, then measure
   - convergence: a card registered on one node, the time until every node serves it (repeated);
   - detection: kill -9 a node, the time until every other node reports its agent as no longer active;
   - RSS per node (VmRSS);
+  - CPU per node at rest and the machine's idle share, over the same quiet window; connected peers per node;
   - steady-state traffic per node: TCP bytes sent+received by each daemon over a quiet window (from 10 s
     after every node holds every agent, once the heartbeats that carry changed agent lists are past), with
     AGENTS agents registered across the mesh (ss -tinp).
@@ -183,6 +184,20 @@ def tcp_bytes(pids):
     return totals
 
 
+def cpu_ticks(pid):
+    """User + system CPU of a process, in clock ticks (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def machine_ticks():
+    """(idle + iowait, all) CPU ticks of the machine (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
 def total(n):
     return (http("GET", n.http + "/api/v1/agents?limit=0")[1] or {}).get("total", 0)
 
@@ -239,10 +254,22 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
     time.sleep(10)
     pids = [n.proc.pid for n in nodes]
     before = tcp_bytes(pids)
+    cpu_before, machine_before = {p: cpu_ticks(p) for p in pids}, machine_ticks()
     t0 = time.monotonic()
     time.sleep(quiet_seconds)
     after = tcp_bytes(pids)
+    cpu_after, machine_after = {p: cpu_ticks(p) for p in pids}, machine_ticks()
     elapsed = time.monotonic() - t0
+    # What the mesh costs at rest: each daemon's CPU over the quiet window, and the machine's idle share.
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = sorted(1000 * (cpu_after[p] - cpu_before[p]) / tick / elapsed for p in pids)
+    result["cpu_at_rest"] = {
+        "ms_per_s_per_node": {"min": cpu[0], "median": statistics.median(cpu), "max": cpu[-1]},
+        "cores_all_nodes": sum(cpu) / 1000,
+        "machine_idle": (machine_after[0] - machine_before[0]) / max(1, machine_after[1] - machine_before[1]),
+    }
+    peers = sorted((http("GET", n.http + "/api/v1/mesh/status")[1] or {}).get("connected_peers", 0) for n in nodes)
+    result["connected_peers"] = {"min": peers[0], "median": statistics.median(peers), "max": peers[-1]}
     # Each loopback byte is counted by both ends (sent by one, received by the other), which is what a
     # node's interface would carry: sent + received per node.
     rates = [(after[p] - before[p]) / elapsed for p in pids]
@@ -311,6 +338,12 @@ def main():
         print(f"- killed node's agent not active on every node after {d['all']:.2f} s "
               f"(first {d['min']:.2f} s, median {d['p50']:.2f} s); false alarms: {result['false_alarms']}")
         print(f"- RSS per node: mean {result['rss_mb']['mean']:.1f} MB, max {result['rss_mb']['max']:.1f} MB")
+        rest = result["cpu_at_rest"]
+        print(f"- CPU at rest per node: median {rest['ms_per_s_per_node']['median']:.1f} ms/s "
+              f"(min {rest['ms_per_s_per_node']['min']:.1f}, max {rest['ms_per_s_per_node']['max']:.1f}); "
+              f"all nodes {rest['cores_all_nodes']:.2f} cores; machine idle {100 * rest['machine_idle']:.0f} %")
+        print(f"- connected peers per node: min {result['connected_peers']['min']}, "
+              f"median {result['connected_peers']['median']}, max {result['connected_peers']['max']}")
         s = result["steady_bytes_per_s_per_node"]
         print(f"- steady traffic with {s['agents']} agents: mean {s['mean']/1e3:.2f} kB/s per node, "
               f"max {s['max']/1e3:.2f} kB/s")

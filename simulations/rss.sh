@@ -5,7 +5,8 @@
 #           AGENTS=0 starts an empty node;
 #   join:   a publisher of AGENTS agents and one empty node bootstrapping to it: the joiner's RSS once it
 #           holds every agent and 15 s later, the publisher's, and the joiner's again after a restart on
-#           its own data directory (the same view, loaded instead of caught up);
+#           its own data directory (the same view, loaded instead of caught up); and the CPU each of
+#           the two spends at rest, over 10 s from then;
 #   collect: as join, and 15 s after the catch-up the joiner's anonymous RSS before and after
 #           `mi_collect(true)` is called in every one of its threads (gdb; root, or ptrace allowed):
 #           what the allocator still held that collecting gives back.
@@ -61,6 +62,17 @@ ready() {
 
 rss() { awk '/VmRSS|RssAnon|RssFile/ {printf "%s %d MB  ", $1, $2/1024}' "/proc/$1/status"; }
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
+# cpu PID...: each process's CPU over the next 10 s, in ms per second (/proc/PID/stat, user + system).
+cpu() {
+  local ticks=() i=0 tck
+  tck=$(getconf CLK_TCK)
+  for p in "$@"; do ticks+=("$(awk '{print $14 + $15}' "/proc/$p/stat")"); done
+  sleep 10
+  for p in "$@"; do
+    echo -n "$(( ($(awk '{print $14 + $15}' "/proc/$p/stat") - ticks[i]) * 1000 / tck / 10 )) ms/s  "
+    i=$((i + 1))
+  done
+}
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr)"
 case "$MODE" in
@@ -90,6 +102,7 @@ case "$MODE" in
     echo ", then: $(rss "$pid")"
     sleep 15
     echo "15 s later: joiner $(rss "$pid"); publisher $(rss "$publisher")"
+    echo "CPU at rest over the next 10 s: joiner, publisher: $(cpu "$pid" "$publisher")"
     if [ "$MODE" = collect ]; then
       gdb -p "$pid" -batch -ex "thread apply all call (void)mi_collect(1)" >/dev/null 2>&1
       echo "after mi_collect(true) in each of its $(ls /proc/"$pid"/task | wc -l) threads: $(rss "$pid")"

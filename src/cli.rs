@@ -250,6 +250,9 @@ pub struct RunArgs {
     /// Remote records held in all (memory: about 4.3 KB each).
     #[arg(long, env = "AGENTMESH_MAX_REMOTE_RECORDS", value_name = "N")]
     pub max_remote_records: Option<usize>,
+    /// Established libp2p connections at most (default 512).
+    #[arg(long, env = "AGENTMESH_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<u32>,
     /// Start even if the store lost local agents it had acknowledged (see SECURITY.md).
     #[arg(long, env = "AGENTMESH_ACCEPT_STORE_LOSS")]
     pub accept_store_loss: bool,
@@ -337,6 +340,9 @@ impl RunArgs {
         }
         if let Some(v) = self.max_remote_records {
             c.max_remote_records = v;
+        }
+        if let Some(v) = self.max_connections {
+            c.max_connections = v;
         }
         if self.accept_store_loss {
             c.accept_store_loss = true;

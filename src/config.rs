@@ -124,6 +124,10 @@ pub struct Config {
     /// Remote records held in all (memory: about 4.3 KB each); new remote agents beyond it are not
     /// taken until some leave the view. At least `max_agents_per_publisher`. Default 100,000.
     pub max_remote_records: usize,
+    /// Established libp2p connections at most, inbound and outbound together; past it new ones are
+    /// refused (`connections_denied` in `/api/v1/mesh/status`). Every node connects to every peer it
+    /// learns of, so a mesh of more nodes needs it raised. Default 512; 1 to 16,384.
+    pub max_connections: u32,
     /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),
     /// continuing with what it holds. Default off: such a store is an error at start.
     pub accept_store_loss: bool,
@@ -158,6 +162,7 @@ impl Default for Config {
             allowed_publishers: Vec::new(),
             max_agents_per_publisher: defaults::MAX_AGENTS_PER_PUBLISHER,
             max_remote_records: defaults::MAX_REMOTE_RECORDS,
+            max_connections: defaults::MAX_CONNECTIONS,
             accept_store_loss: false,
         }
     }
@@ -192,6 +197,7 @@ impl fmt::Debug for Config {
             .field("allowed_publishers", &self.allowed_publishers)
             .field("max_agents_per_publisher", &self.max_agents_per_publisher)
             .field("max_remote_records", &self.max_remote_records)
+            .field("max_connections", &self.max_connections)
             .field("accept_store_loss", &self.accept_store_loss)
             .finish()
     }
@@ -245,6 +251,11 @@ impl Config {
                 defaults::MAX_REMOTE_RECORDS_CEILING
             );
             return invalid("max_remote_records", reason);
+        }
+        if !(1..=defaults::MAX_CONNECTIONS_CEILING).contains(&self.max_connections) {
+            let reason =
+                format!("{} must be 1 to {}", self.max_connections, defaults::MAX_CONNECTIONS_CEILING);
+            return invalid("max_connections", reason);
         }
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be above zero".into());
@@ -393,6 +404,7 @@ mod tests {
         assert_eq!(bad(|c| c.bootstrap = vec!["/ip4/127.0.0.1".parse().unwrap()]), "bootstrap");
         assert_eq!(bad(|c| c.max_agents_per_publisher = 0), "max_agents_per_publisher");
         assert_eq!(bad(|c| c.max_remote_records = 10), "max_remote_records");
+        assert_eq!(bad(|c| c.max_connections = 0), "max_connections");
         assert_eq!(bad(|c| c.heartbeat_interval = Duration::ZERO), "heartbeat_interval");
         assert_eq!(bad(|c| c.degraded_after = Duration::from_secs(1)), "degraded_after");
         assert_eq!(bad(|c| c.inactive_after = Duration::from_secs(7)), "inactive_after");

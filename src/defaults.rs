@@ -157,6 +157,21 @@ pub const MAX_REMOTE_RECORDS: usize = 100_000;
 /// Highest `max_remote_records` accepted.
 pub const MAX_REMOTE_RECORDS_CEILING: usize = 2_000_000;
 
+/// Established libp2p connections at most, inbound and outbound together, by default (`max_connections`):
+/// past it a new connection is closed as soon as its handshake ends, and this node does not dial. A
+/// connection costs about 170-200 KB of buffers (BENCHMARKS.md, "What a mesh at rest costs"), so this
+/// bounds them near 100 MB. Today every node connects to every other (docs/SCALE.md 4.1), so a mesh of
+/// more nodes than this needs the limit raised on each.
+pub const MAX_CONNECTIONS: u32 = 512;
+/// Highest `max_connections` accepted.
+pub const MAX_CONNECTIONS_CEILING: u32 = 16_384;
+/// Inbound connections still in their handshake at most: a flood of half-open connections is closed
+/// before it costs a noise handshake each.
+pub const MAX_PENDING_INCOMING: u32 = 64;
+/// Established connections to one peer at most: two nodes that dial each other at the same moment keep
+/// both for a while; a third is refused.
+pub const MAX_CONNECTIONS_PER_PEER: u32 = 2;
+
 /// Largest mesh message (gossip or one signed message in a sync answer): room for a maximal card and
 /// for a list chunk of `LIST_CHUNK_AGENTS` agents with the longest ids. Every node must agree on it
 /// (gossipsub drops whole RPCs over its own limit), so it is not configurable.

@@ -35,7 +35,10 @@ use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
-use libp2p::{identify, kad, mdns, noise, ping, tcp, yamux, Multiaddr, StreamProtocol, Swarm};
+use libp2p::swarm::{DialError, ListenError};
+use libp2p::{
+    connection_limits, identify, kad, mdns, noise, ping, tcp, yamux, Multiaddr, StreamProtocol, Swarm,
+};
 use serde::Serialize;
 use sha2::Digest as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -43,7 +46,10 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use crate::clock::now_millis;
 use crate::clock::rfc3339;
-use crate::defaults::{MAX_ADDRS_PER_PEER, MAX_SYNC_REQUEST_BYTES, MAX_SYNC_RESPONSE_BYTES, MAX_UNANNOUNCED};
+use crate::defaults::{
+    MAX_ADDRS_PER_PEER, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING, MAX_SYNC_REQUEST_BYTES,
+    MAX_SYNC_RESPONSE_BYTES, MAX_UNANNOUNCED,
+};
 use crate::proto::records::SignedList;
 use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
@@ -119,6 +125,8 @@ pub struct NetConfig {
     pub bootstrap: Vec<Multiaddr>,
     pub mdns: bool,
     pub heartbeat_interval: Duration,
+    /// Established connections at most (`Config::max_connections`).
+    pub max_connections: u32,
     /// A closed mesh's pre-shared key: every connection is encrypted with it before anything else,
     /// so peers without it cannot connect at all. (Its `Debug` shows only a fingerprint.)
     pub psk: Option<PreSharedKey>,
@@ -498,14 +506,28 @@ impl EventLoop {
                 }
             }
             SwarmEvent::OutgoingConnectionError { connection_id, peer_id, error } => {
-                tracing::debug!(peer = ?peer_id, %error, "could not connect");
-                if let Some(peer) = peer_id {
-                    self.handle(Event::DialFailed(peer));
+                if let DialError::Denied { cause, .. } = &error {
+                    // This node's own bound, not the peer's failure: no evidence against it.
+                    tracing::debug!(peer = ?peer_id, %cause, "dial refused: connection limit");
+                    self.counters.update(|c| c.connections_denied += 1);
+                } else {
+                    tracing::debug!(peer = ?peer_id, %error, "could not connect");
+                    if let Some(peer) = peer_id {
+                        self.handle(Event::DialFailed(peer));
+                    }
+                    self.counters.update(|c| c.connection_errors += 1);
                 }
-                self.counters.update(|c| c.connection_errors += 1);
                 for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {
                     b.pending = None;
                 }
+            }
+            SwarmEvent::IncomingConnectionError {
+                send_back_addr,
+                error: ListenError::Denied { cause },
+                ..
+            } => {
+                tracing::debug!(from = %send_back_addr, %cause, "incoming connection refused: connection limit");
+                self.counters.update(|c| c.connections_denied += 1);
             }
             SwarmEvent::IncomingConnectionError { send_back_addr, error, .. } => {
                 // A peer without this mesh's network key ends here, at the handshake.
@@ -530,6 +552,7 @@ impl EventLoop {
             BehaviourEvent::Identify(e) => self.recorder.record(e),
             BehaviourEvent::Ping(e) => self.recorder.record(e),
             BehaviourEvent::Mdns(_) | BehaviourEvent::Sync(_) => {}
+            BehaviourEvent::Limits(never) => match *never {},
         }
         match event {
             BehaviourEvent::Gossipsub(gossipsub::Event::Message {

@@ -159,6 +159,7 @@ impl Node {
             bootstrap: config.bootstrap.clone(),
             mdns: config.mdns,
             heartbeat_interval: config.heartbeat_interval,
+            max_connections: config.max_connections,
             psk,
             allowed_publishers,
         };

@@ -318,3 +318,25 @@ async fn a_publisher_outside_the_allow_list_is_not_accepted() {
     let ids = a.discover_ids("").await;
     assert!(ids.contains(&"beta-analytics".to_owned()) && !ids.contains(&"gamma-i18n".to_owned()), "{ids:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_at_its_connection_limit_refuses_more_and_keeps_serving_the_peers_it_has() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = TestNode::start(Config { max_connections: 1, ..mesh_config(dirs[0].path(), vec![]) }).await;
+    let a_addr = dial_addr(&a).await;
+    let b = start(dirs[1].path(), vec![a_addr.clone()]).await;
+    a.register(&fixture_cards()[0]).await;
+    wait_health(&b, "alpha-research", "active").await;
+
+    // c has only a to join by, and a has no room: c is refused at the handshake, not served.
+    let c = start(dirs[2].path(), vec![a_addr]).await;
+    a.wait_for("a refusing c", || async { (counter(&a, "connections_denied").await >= 1).then_some(()) })
+        .await;
+    assert_eq!(counter(&a, "connected_peers").await, 1, "a kept its one connection, to b");
+    assert_eq!(counter(&c, "connected_peers").await, 0);
+    assert_eq!(health_on(&c, "alpha-research").await, None, "c learnt nothing through a refused connection");
+    // The peer a keeps is served as before: a new card still reaches b, and a's agent stays active there.
+    a.register(&fixture_cards()[1]).await;
+    wait_health(&b, "beta-analytics", "active").await;
+    assert_eq!(health_on(&b, "alpha-research").await.as_deref(), Some("active"));
+}

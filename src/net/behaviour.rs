@@ -5,6 +5,8 @@ use super::*;
 
 #[derive(NetworkBehaviour)]
 pub(super) struct Behaviour {
+    /// Refuses connections past the node's bounds before the others see them.
+    pub(super) limits: connection_limits::Behaviour,
     pub(super) gossipsub: gossipsub::Behaviour,
     pub(super) kad: kad::Behaviour<kad::store::MemoryStore>,
     pub(super) mdns: Toggle<mdns::tokio::Behaviour>,
@@ -133,7 +135,12 @@ fn behaviour(
         [(StreamProtocol::new(sync::PROTOCOL), ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(Duration::from_secs(30)),
     );
+    let limits = connection_limits::ConnectionLimits::default()
+        .with_max_established(Some(config.max_connections))
+        .with_max_pending_incoming(Some(MAX_PENDING_INCOMING))
+        .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER));
     Ok(Behaviour {
+        limits: connection_limits::Behaviour::new(limits),
         gossipsub,
         kad,
         mdns: mdns.into(),

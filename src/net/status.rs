@@ -26,6 +26,9 @@ pub struct CounterState {
     pub peers_banned: u64,
     /// Connections that failed before being established (wrong network key, unreachable, refused).
     pub connection_errors: u64,
+    /// Connections refused by this node's bounds (`max_connections`, pending handshakes, connections
+    /// per peer), inbound or its own dials.
+    pub connections_denied: u64,
     /// Peers this node declared down (connection closed, confirmed by peers it asked).
     pub peers_declared_down: u64,
     pub sync_rounds: u64,

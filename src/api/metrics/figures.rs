@@ -96,7 +96,9 @@ impl Collector for MeshFigures {
         let family = encoder.encode_descriptor(PEERS_BANNED_TOTAL, help, None, MetricType::Unknown)?;
         ConstGauge::new(c.peers_banned).encode(family)?;
         let help = "Connections that failed before being established.";
-        counter(&mut encoder, "connection_errors", help, c.connection_errors)
+        counter(&mut encoder, "connection_errors", help, c.connection_errors)?;
+        let help = "Connections refused by this node's connection limits.";
+        counter(&mut encoder, "connections_denied", help, c.connections_denied)
     }
 }
 

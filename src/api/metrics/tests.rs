@@ -122,6 +122,7 @@ fn mesh_figures_keep_their_names_in_both_formats() {
         "agentmesh_signature_failures_total 0",
         "agentmesh_sync_rounds_total 0",
         "agentmesh_connection_errors_total 0",
+        "agentmesh_connections_denied_total 0",
     ] {
         has_line(&out, line);
     }

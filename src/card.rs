@@ -31,6 +31,18 @@ pub enum CardError {
     TooLarge { size: usize, max: usize },
 }
 
+impl CardError {
+    /// The same error with its field named inside `at` (`id` within `skills[2]` is `skills[2].id`):
+    /// paths are built only for an error, not for every field checked.
+    fn within(self, at: &str) -> Self {
+        match self {
+            Self::Malformed { field, reason } => Self::Malformed { field: format!("{at}.{field}"), reason },
+            Self::Invalid { field, reason } => Self::Invalid { field: format!("{at}.{field}"), reason },
+            other => other,
+        }
+    }
+}
+
 /// Expands `${NAME}` placeholders in a card file from `lookup` (the environment), so that one card file
 /// can serve many replicas: `"agent_id": "summarizer-${HOSTNAME}"`. Values are limited to the characters
 /// an agent id may hold, so an expansion can never change the JSON's structure. Pure.
@@ -264,7 +276,7 @@ impl AgentCard {
         }
         for (list, kind) in [(&mut self.reasoners, "reasoners"), (&mut self.skills, "skills")] {
             for (i, cap) in list.iter_mut().enumerate() {
-                cap.minify(&format!("{kind}[{i}]"))?;
+                cap.minify().map_err(|e| e.within(&format!("{kind}[{i}]")))?;
             }
         }
         self.a2a = a2a::schema::held(self.a2a.take(), &a2a::schema::CARD_EXTRAS, "a2a")?;
@@ -330,10 +342,9 @@ impl AgentCard {
         for (list, kind) in [(&self.reasoners, "reasoners"), (&self.skills, "skills")] {
             let mut seen = std::collections::HashSet::new();
             for (i, cap) in list.iter().enumerate() {
-                let at = format!("{kind}[{i}]");
-                cap.validate(&at)?;
+                cap.validate().map_err(|e| e.within(&format!("{kind}[{i}]")))?;
                 if !seen.insert(cap.id.as_str()) {
-                    return Err(CardError::invalid(format!("{at}.id"), "duplicate id"));
+                    return Err(CardError::invalid(format!("{kind}[{i}].id"), "duplicate id"));
                 }
             }
         }
@@ -421,72 +432,60 @@ impl Capability {
     /// a whole card, such as unique ids and the size limit, are [`AgentCard::validate`]'s). `at` prefixes
     /// the field paths of errors (`skills[2]`). Lets a caller refuse one bad capability and keep the rest.
     pub fn normalized(mut self, at: &str) -> Result<Self, CardError> {
-        self.minify(at)?;
-        self.validate(at)?;
+        self.minify().and_then(|()| self.validate()).map_err(|e| e.within(at))?;
         Ok(self)
     }
 
-    fn minify(&mut self, at: &str) -> Result<(), CardError> {
+    fn minify(&mut self) -> Result<(), CardError> {
         for (slot, name) in
             [(&mut self.input_schema, "input_schema"), (&mut self.output_schema, "output_schema")]
         {
             if let Some(raw) = slot.take() {
-                let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| {
-                    CardError::Malformed { field: format!("{at}.{name}"), reason: e.to_string() }
-                })?;
+                let value: serde_json::Value = serde_json::from_str(raw.get())
+                    .map_err(|e| CardError::Malformed { field: name.into(), reason: e.to_string() })?;
                 if !value.is_object() {
-                    return Err(CardError::invalid(format!("{at}.{name}"), "must be a JSON object"));
+                    return Err(CardError::invalid(name, "must be a JSON object"));
                 }
                 *slot = Some(to_raw(&value));
             }
         }
         for example in &mut self.examples {
-            let value: serde_json::Value = serde_json::from_str(example.get()).map_err(|e| {
-                CardError::Malformed { field: format!("{at}.examples"), reason: e.to_string() }
-            })?;
+            let value: serde_json::Value = serde_json::from_str(example.get())
+                .map_err(|e| CardError::Malformed { field: "examples".into(), reason: e.to_string() })?;
             *example = to_raw(&value);
         }
-        self.a2a = a2a::schema::held(self.a2a.take(), &a2a::schema::SKILL_EXTRAS, &format!("{at}.a2a"))?;
+        self.a2a = a2a::schema::held(self.a2a.take(), &a2a::schema::SKILL_EXTRAS, "a2a")?;
         Ok(())
     }
 
-    fn validate(&self, at: &str) -> Result<(), CardError> {
-        check_id(&format!("{at}.id"), &self.id)?;
+    fn validate(&self) -> Result<(), CardError> {
+        check_id("id", &self.id)?;
         if let Some(name) = &self.name {
-            check_text(&format!("{at}.name"), name, MAX_SHORT_TEXT)?;
+            check_text("name", name, MAX_SHORT_TEXT)?;
         }
-        check_tags(&format!("{at}.tags"), &self.tags)?;
+        check_tags("tags", &self.tags)?;
         if let Some(category) = &self.category {
-            check_category(&format!("{at}.category"), category)?;
+            check_category("category", category)?;
         }
-        check_names(&format!("{at}.requires"), &self.requires, MAX_REQUIRES, MAX_TARGET_LEN, ":")?;
-        check_names(
-            &format!("{at}.required_secrets"),
-            &self.required_secrets,
-            MAX_REQUIRES,
-            MAX_TAG_LEN,
-            "",
-        )?;
+        check_names("requires", &self.requires, MAX_REQUIRES, MAX_TARGET_LEN, ":")?;
+        check_names("required_secrets", &self.required_secrets, MAX_REQUIRES, MAX_TAG_LEN, "")?;
         if let Some(hint) = self.confidence_hint {
             if !(0.0..=1.0).contains(&hint) {
-                return Err(CardError::invalid(
-                    format!("{at}.confidence_hint"),
-                    "must be a number from 0 to 1",
-                ));
+                return Err(CardError::invalid("confidence_hint", "must be a number from 0 to 1"));
             }
         }
-        check_metadata(&format!("{at}.metadata"), &self.metadata)?;
+        check_metadata("metadata", &self.metadata)?;
         for (slot, name) in [(&self.input_schema, "input_schema"), (&self.output_schema, "output_schema")] {
             if let Some(raw) = slot {
                 if !raw.get().starts_with('{') {
-                    return Err(CardError::invalid(format!("{at}.{name}"), "must be a JSON object"));
+                    return Err(CardError::invalid(name, "must be a JSON object"));
                 }
             }
         }
-        check_tags(&format!("{at}.input_modes"), &self.input_modes)?;
-        check_tags(&format!("{at}.output_modes"), &self.output_modes)?;
+        check_tags("input_modes", &self.input_modes)?;
+        check_tags("output_modes", &self.output_modes)?;
         if let Some(raw) = &self.a2a {
-            a2a::schema::check_held(raw, &a2a::schema::SKILL_EXTRAS, &format!("{at}.a2a"))?;
+            a2a::schema::check_held(raw, &a2a::schema::SKILL_EXTRAS, "a2a")?;
         }
         Ok(())
     }

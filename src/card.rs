@@ -5,6 +5,7 @@
 //! without re-encoding, and a parsed `serde_json::Value` tree would cost several times the memory.
 
 pub mod a2a;
+mod compact;
 pub mod foreign;
 pub mod held;
 pub mod reported;
@@ -441,6 +442,11 @@ impl Capability {
             [(&mut self.input_schema, "input_schema"), (&mut self.output_schema, "output_schema")]
         {
             if let Some(raw) = slot.take() {
+                // A publisher's card arrives normalised: keep a schema already in its compact form.
+                if raw.get().starts_with('{') && compact::is_compact(raw.get()) {
+                    *slot = Some(raw);
+                    continue;
+                }
                 let value: serde_json::Value = serde_json::from_str(raw.get())
                     .map_err(|e| CardError::Malformed { field: name.into(), reason: e.to_string() })?;
                 if !value.is_object() {
@@ -450,6 +456,9 @@ impl Capability {
             }
         }
         for example in &mut self.examples {
+            if compact::is_compact(example.get()) {
+                continue;
+            }
             let value: serde_json::Value = serde_json::from_str(example.get())
                 .map_err(|e| CardError::Malformed { field: "examples".into(), reason: e.to_string() })?;
             *example = to_raw(&value);

@@ -340,3 +340,20 @@ async fn a_node_at_its_connection_limit_refuses_more_and_keeps_serving_the_peers
     wait_health(&b, "beta-analytics", "active").await;
     assert_eq!(health_on(&b, "alpha-research").await.as_deref(), Some("active"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_past_the_nodes_own_limit_is_refused_not_counted_as_a_failed_peer() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let b = start(dirs[0].path(), vec![]).await;
+    let c = start(dirs[1].path(), vec![]).await;
+    let bootstrap = vec![dial_addr(&b).await, dial_addr(&c).await];
+    // a dials both at start with room for one: the second to finish its handshake is its own refusal.
+    let a = TestNode::start(Config { max_connections: 1, ..mesh_config(dirs[2].path(), bootstrap) }).await;
+    a.wait_for("a refusing its own second dial", || async {
+        (counter(&a, "connections_denied").await >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(counter(&a, "connected_peers").await, 1);
+    assert_eq!(counter(&a, "connection_errors").await, 0, "a refusal of its own is not a failed dial");
+    assert_eq!(counter(&a, "peers_declared_down").await, 0);
+}

@@ -181,8 +181,7 @@ impl EventLoop {
                 } else {
                     (None, self.registry.signed_list(&publisher))
                 };
-                let empty: &[u8] = &[];
-                let first = heartbeat.as_deref().unwrap_or(empty);
+                let first = heartbeat.as_deref().unwrap_or_default();
                 // Every chunk of a list goes in one answer (a list is bounded: `MAX_LIST_CHUNKS`).
                 let cards: Vec<ByteBuf> = heartbeat
                     .iter()

@@ -86,12 +86,11 @@ impl Registry {
             // as that list (`Records::heard`).
             let carriers = alive.list.iter().flat_map(|list| records::after(&signed, list));
             let size: usize = carriers.clone().map(|m| m.len()).sum();
-            let fits = bytes + size <= MAX_HEARTBEATS_ANSWER_BYTES;
-            if fits {
-                bytes += size;
-            }
             answer.push(signed.clone());
-            answer.extend(carriers.filter(|_| fits).cloned());
+            if bytes + size <= MAX_HEARTBEATS_ANSWER_BYTES {
+                bytes += size;
+                answer.extend(carriers.cloned());
+            }
         }
         answer
     }

@@ -10,6 +10,9 @@
 #   collect: as join, and 15 s after the catch-up the joiner's anonymous RSS before and after
 #           `mi_collect(true)` is called in every one of its threads (gdb; root, or ptrace allowed):
 #           what the allocator still held that collecting gives back.
+#   PROFILE=FILE with join or collect: the joiner's catch-up, from its start until it holds every
+#           agent, sampled into FILE (`perf record -F 999 --call-graph dwarf,16384`; read it with
+#           `perf report -i FILE --children`).
 # Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,8 +100,16 @@ case "$MODE" in
     peer=$(curl -sf "127.0.0.1:$PORT/api/v1/health" | sed 's/.*"peer_id":"\([^"]*\)".*/\1/')
     mkdir -p "$work/joiner"
     start "$work/joiner" $((PORT + 2)) 0 "/ip4/127.0.0.1/tcp/$((PORT + 1))/p2p/$peer"
+    if [ -n "${PROFILE:-}" ]; then
+      perf record -q -F 999 --call-graph dwarf,16384 -p "$pid" -o "$PROFILE" &
+      perf_pid=$!
+    fi
     echo -n "joiner: "
     ready $((PORT + 2))
+    if [ -n "${PROFILE:-}" ]; then
+      kill -INT "$perf_pid"
+      wait "$perf_pid" || true
+    fi
     echo ", then: $(rss "$pid")"
     sleep 15
     echo "15 s later: joiner $(rss "$pid"); publisher $(rss "$publisher")"

@@ -55,7 +55,7 @@ use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
-use ingest::{Inbound, Policy, Verdict};
+use ingest::{Inbound, Ingest, Policy, Verdict};
 use sync::{SyncRequest, SyncResponse};
 
 /// Topic of cards and tombstones.
@@ -67,7 +67,9 @@ pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1.0.0";
 const IDENTIFY_PROTOCOL: &str = "/agentmesh/id/1.0.0";
 /// Commands queued for the event loop.
 pub const COMMAND_QUEUE: usize = 64;
-/// Messages queued for verification; when full, further gossip is ignored (not forwarded).
+/// Work queued for verification, in each of its two queues (gossip messages; sync answers). When the
+/// gossip queue is full, further gossip is ignored (not forwarded); an answer that finds its queue full
+/// is dropped and its records asked for again.
 pub const INGEST_QUEUE: usize = 1024;
 /// How often anti-entropy runs with one random peer (besides on every new connection).
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(10);
@@ -198,13 +200,13 @@ pub async fn spawn(
     }
     let peer_id = *swarm.local_peer_id();
     let (tx, commands) = mpsc::channel(COMMAND_QUEUE);
-    let (ingest_tx, ingest_rx) = mpsc::channel(INGEST_QUEUE);
+    let (ingest_tx, inbox) = ingest::queues(INGEST_QUEUE);
     let (verdict_tx, verdicts) = mpsc::channel(INGEST_QUEUE);
     let counters = Arc::new(Counters::default());
     let policy = Policy { me: peer_id, allowed: config.allowed_publishers.clone() };
     tasks.spawn_loop(
         "mesh ingest",
-        ingest::run(registry.clone(), ingest_rx, verdict_tx, counters.clone(), policy),
+        ingest::run(registry.clone(), inbox, verdict_tx, counters.clone(), policy),
     );
     let bootstrap = config
         .bootstrap
@@ -269,7 +271,7 @@ struct EventLoop {
     registry: Arc<Registry>,
     config: NetConfig,
     commands: mpsc::Receiver<Command>,
-    ingest: mpsc::Sender<Inbound>,
+    ingest: Ingest,
     verdicts: mpsc::Receiver<Verdict>,
     changes: broadcast::Receiver<LocalChange>,
     counters: Arc<Counters>,
@@ -566,7 +568,7 @@ impl EventLoop {
                     source: propagation_source,
                     data: message.data,
                 };
-                if self.ingest.try_send(inbound).is_err() {
+                if !self.ingest.queue(inbound) {
                     self.counters.update(|c| c.dropped_overload += 1);
                     self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
                         &message_id,

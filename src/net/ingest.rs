@@ -16,7 +16,7 @@ use crate::proto::reconcile::{record_id, RecordId};
 use crate::registry::{Applied, Origin, Registry, RegistryError, Snapshot, Update};
 use crate::wire::{self, Message, WireError};
 
-/// Work for the ingest worker.
+/// Work for the ingest worker, sent through an [`Ingest`].
 pub enum Inbound {
     /// A gossip message awaiting its verdict.
     Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
@@ -24,6 +24,38 @@ pub enum Inbound {
     /// carry an agent list), with the records it was asked for when it answers a fetch (all settled
     /// once it is applied).
     Signed { from: PeerId, messages: Vec<ByteBuf>, fetched: Vec<RecordId>, span: tracing::Span },
+}
+
+/// The ingest worker's two queues, as the event loop holds them: gossip, and sync answers. They are
+/// apart so that gossip never waits behind answers (see [`run`]); each holds `capacity` items.
+pub struct Ingest {
+    gossip: mpsc::Sender<Inbound>,
+    answers: mpsc::Sender<Inbound>,
+}
+
+/// The receiving ends of an [`Ingest`], for [`run`].
+pub struct Inbox {
+    gossip: mpsc::Receiver<Inbound>,
+    answers: mpsc::Receiver<Inbound>,
+}
+
+/// Two queues of `capacity` items each.
+pub fn queues(capacity: usize) -> (Ingest, Inbox) {
+    let (gossip, gossip_rx) = mpsc::channel(capacity);
+    let (answers, answers_rx) = mpsc::channel(capacity);
+    (Ingest { gossip, answers }, Inbox { gossip: gossip_rx, answers: answers_rx })
+}
+
+impl Ingest {
+    /// Queues `inbound` without waiting: false when its queue is full (or the worker is gone), and it
+    /// is dropped.
+    pub fn queue(&self, inbound: Inbound) -> bool {
+        let queue = match inbound {
+            Inbound::Gossip { .. } => &self.gossip,
+            Inbound::Signed { .. } => &self.answers,
+        };
+        queue.try_send(inbound).is_ok()
+    }
 }
 
 /// Whether `sealed` is a card of a version this node holds already, or of an older one: dropped before
@@ -114,33 +146,45 @@ enum Fate {
 
 pub async fn run(
     registry: Arc<Registry>,
-    mut inbox: mpsc::Receiver<Inbound>,
+    mut inbox: Inbox,
     verdicts: mpsc::Sender<Verdict>,
     counters: Arc<Counters>,
     policy: Policy,
 ) {
-    let mut items = Vec::with_capacity(INGEST_BATCH);
+    let mut taken = Vec::with_capacity(INGEST_BATCH);
     let mut gossip: Vec<GossipMessage> = Vec::with_capacity(INGEST_BATCH);
-    while inbox.recv_many(&mut items, INGEST_BATCH).await > 0 {
-        // In arrival order: gossip that came before a sync answer is applied before it.
-        for item in items.drain(..) {
-            match item {
-                Inbound::Gossip { message_id, source, data } => {
-                    gossip.push(GossipMessage { message_id, source, data });
+    loop {
+        // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
+        // heartbeat waits at most for the one answer being applied. Behind a catch-up's queue of answers
+        // (seconds of work on a busy node), the heartbeats that keep records alive arrived late enough for
+        // those records to turn `degraded` until they were read. Gossip that came before an answer is
+        // still applied before it; cards and removals that meet out of order are settled by their seqs.
+        let answer = tokio::select! {
+            biased;
+            n = inbox.gossip.recv_many(&mut taken, INGEST_BATCH) => {
+                if n == 0 {
+                    return;
                 }
-                Inbound::Signed { from, messages, fetched, span } => {
-                    if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
-                        return;
-                    }
-                    // A child of the sync exchange that brought the messages, so a log follows both.
-                    let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
-                    let answer = Answer { from, messages, fetched };
-                    apply_signed(&registry, answer, &policy, &counters, &verdicts).instrument(span).await;
-                }
+                None
+            }
+            answer = inbox.answers.recv() => match answer {
+                Some(answer) => Some(answer),
+                None => return,
+            },
+        };
+        for item in taken.drain(..) {
+            if let Inbound::Gossip { message_id, source, data } = item {
+                gossip.push(GossipMessage { message_id, source, data });
             }
         }
         if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
             return;
+        }
+        if let Some(Inbound::Signed { from, messages, fetched, span }) = answer {
+            // A child of the sync exchange that brought the messages, so a log follows both.
+            let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
+            let answer = Answer { from, messages, fetched };
+            apply_signed(&registry, answer, &policy, &counters, &verdicts).instrument(span).await;
         }
     }
 }
@@ -1039,5 +1083,63 @@ mod tests {
         h.sync(relay, &lying, Vec::new()).await;
         assert!(matches!(rx.try_recv(), Ok(Verdict::Misbehaved { rejected: 1, .. })));
         assert_eq!(h.rejected("bad_list"), 1);
+    }
+
+    /// A node catching up: a sync answer queued before a heartbeat still waits for it. Gossip is judged
+    /// before the next answer is applied, so a heartbeat never waits behind a queue of answers (on a busy
+    /// node that is seconds, enough for the records it keeps alive to turn `degraded`).
+    #[tokio::test]
+    async fn queued_gossip_is_judged_before_a_sync_answer_that_came_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let policy = Policy::open_mesh(key.public().to_peer_id());
+        let (registry, _) = Registry::open_checked(
+            dir.path(),
+            key,
+            Thresholds::default(),
+            crate::registry::Limits::default(),
+            false,
+        )
+        .unwrap();
+        let (ingest, inbox) = queues(4);
+        let (verdicts, mut rx) = mpsc::channel(16);
+        let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let card = card_msg(&publisher, "a", 1);
+        let asked = record_id(&publisher.public().to_peer_id(), "a", 1);
+        let fetched = vec![asked];
+        let from = carrier.public().to_peer_id();
+        let answer = Inbound::Signed {
+            from,
+            messages: vec![ByteBuf::from(card)],
+            fetched,
+            span: tracing::Span::none(),
+        };
+        assert!(ingest.queue(answer), "the answer is queued");
+        let beat = wire::seal_heartbeat(&publisher, &HeartbeatBody { sent_at: 1, digest: 0, agents: None });
+        let gossip = Inbound::Gossip { message_id: MessageId::new(&[1]), source: from, data: beat };
+        assert!(ingest.queue(gossip), "the heartbeat is queued");
+        let worker =
+            tokio::spawn(run(Arc::new(registry), inbox, verdicts, Arc::new(Counters::default()), policy));
+        let mut order = Vec::new();
+        while order.len() < 2 {
+            let verdict = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+                .await
+                .expect("verdicts within 10 s")
+                .expect("the worker runs");
+            match verdict {
+                Verdict::Validate { .. } => order.push("heartbeat judged"),
+                Verdict::Settled(ids) => {
+                    assert!(ids.contains(&asked), "the answer settles the record it was asked for");
+                    order.push("answer applied");
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(order, ["heartbeat judged", "answer applied"]);
+        drop(ingest);
+        tokio::time::timeout(std::time::Duration::from_secs(10), worker)
+            .await
+            .expect("the worker ends when its queues close")
+            .unwrap();
     }
 }

@@ -122,7 +122,7 @@ impl EventLoop {
         if !response.cards.is_empty() || !fetched.is_empty() {
             let inbound =
                 Inbound::Signed { from: peer, messages: response.cards, fetched, span: span.clone() };
-            if self.ingest.try_send(inbound).is_err() {
+            if !self.ingest.queue(inbound) {
                 tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
                 // As if never answered: its records are free to be asked again.
                 if let Some(id) = id {

@@ -2,14 +2,18 @@
 """Publishers with many agents, and empty nodes joining them: real daemon processes on loopback.
 
     simulations/join_big.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
-        [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300] [--settle 15]
+        [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300] [--settle 15] \
+        [--rest SECONDS] [--restart K]
 
 With `--publishers P` the agents are split over P publishers (each its own data directory and key),
 the others bootstrapping to the first; the script waits until every publisher holds every agent
 `active` (the mesh's full view, timed from the first publisher's start and from the last's), lets the
 mesh settle (`--settle` seconds: a late joiner finds the mesh at rest, not in the tail of its own
 catch-up, when each publisher reopens its store; the machine's idle share over the last 3 s of that
-wait is reported), then starts the joiners with `--bootstrap` to the first publisher. The first
+wait is reported), optionally measures the mesh at rest (`--rest`: each publisher's CPU and the machine's
+idle share in 5 s windows) and restarts K publishers on their data directories (`--restart`: their RSS
+once they hold every agent again, against the others', so a member's memory is told apart from what its
+catch-up left behind), then starts the joiners with `--bootstrap` to the first publisher. The first
 joiner's records by health are sampled as it catches up (`first_joiner_timeline`).
 
 PATH_TO_DISCOVERY_BENCH is the `discovery` bench binary (`cargo bench --bench discovery --no-run` prints
@@ -51,6 +55,34 @@ def idle_share(seconds):
     return (idle1 - idle0) / max(1, total1 - total0)
 
 
+def cpu_seconds(pid):
+    """CPU time `pid` has used so far, user and system (/proc/PID/stat, in clock ticks of 1/100 s)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+def at_rest(daemons, seconds):
+    """Each daemon's CPU (ms/s) and the machine's idle share, in windows of 5 s over `seconds`."""
+    windows = []
+    for _ in range(max(1, round(seconds / 5))):
+        before = [cpu_seconds(d.proc.pid) for d in daemons]
+        idle = idle_share(5.0)
+        per_node = sorted((cpu_seconds(d.proc.pid) - b) * 1000 / 5 for d, b in zip(daemons, before))
+        windows.append({"idle": round(idle, 2), "cores": round(sum(per_node) / 1000, 2),
+                        "ms_per_s_min_median_max": [round(per_node[i], 1) for i in (0, len(per_node) // 2, -1)]})
+    return windows
+
+
+def anonymous_mb(pid):
+    """Anonymous resident memory of `pid` (heap, stacks), without the binary's mapped pages."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def active(daemon):
     """Agents `active` on `daemon`; 0 while it is too busy to answer its status in time."""
     return records(daemon).get("active", 0)
@@ -64,6 +96,11 @@ def main():
     ap.add_argument("--publishers", type=int, default=1)
     ap.add_argument("--joiners", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--rest", type=float, default=0,
+                    help="seconds of the mesh at rest measured after its full view (publishers > 1)")
+    ap.add_argument("--restart", type=int, default=0,
+                    help="publishers restarted on their data directories after the full view, their RSS "
+                         "then compared with the others' (publishers > 1)")
     ap.add_argument("--settle", type=float, default=15,
                     help="seconds between the publishers' full view and the joiners' start (a late "
                          "joiner finds a mesh at rest: each publisher reopens its store some seconds "
@@ -95,7 +132,9 @@ def main():
             waiting = list(publishers)
             while waiting and time.time() < deadline:
                 waiting = [p for p in waiting if active(p) < opts.agents]
-                time.sleep(0.1)
+                # Once a second: each status answer costs its daemon and this script CPU, and 50 of them
+                # every 0.1 s took a share of the two cores large enough to slow the catch-up measured.
+                time.sleep(1.0)
             done = time.time()
             counts = sorted(active(p) for p in publishers)
             result["mesh"] = {
@@ -108,6 +147,28 @@ def main():
             if waiting:
                 print(json.dumps(result, indent=2))
                 sys.exit(1)
+        if opts.publishers > 1 and opts.rest > 0:
+            result["mesh_at_rest"] = at_rest(publishers, opts.rest)
+        if opts.publishers > 1 and opts.restart > 0:
+            # The last K publishers: the first is everyone's bootstrap peer.
+            again = list(range(len(publishers) - min(opts.restart, len(publishers) - 1), len(publishers)))
+            for k in again:
+                publishers[k].stop()
+                publishers[k] = Daemon(opts.bin, publisher_dirs[k], ["--bootstrap", addr])
+                daemons.append(publishers[k])
+            deadline = time.time() + opts.timeout
+            while any(active(publishers[k]) < opts.agents for k in again) and time.time() < deadline:
+                time.sleep(0.5)
+            # As long as the others had between their full view and these measurements.
+            time.sleep(max(opts.settle, 30))
+            others = sorted(rss_mb(p.proc.pid) for i, p in enumerate(publishers) if i not in again)
+            result["restarted_publishers"] = {
+                "rss_mb": [round(rss_mb(publishers[k].proc.pid), 1) for k in again],
+                "anonymous_mb": [round(anonymous_mb(publishers[k].proc.pid), 1) for k in again],
+                "connected_peers": [publishers[k].status().get("connected_peers") for k in again],
+                "active": [active(publishers[k]) for k in again],
+                "others_rss_mb_median": round(others[len(others) // 2], 1),
+            }
         if opts.publishers > 1 and opts.settle > 0:
             # A mark for profiling the mesh at rest (`perf record -a` in another shell).
             print(f"mesh holds the full view; settling {opts.settle:.0f} s", file=sys.stderr, flush=True)

@@ -157,18 +157,27 @@ pub async fn run(
         // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
         // heartbeat waits at most for the one answer being applied. Behind a catch-up's queue of answers
         // (seconds of work on a busy node), the heartbeats that keep records alive arrived late enough for
-        // those records to turn `degraded` until they were read. Gossip that came before an answer is
-        // still applied before it; cards and removals that meet out of order are settled by their seqs.
+        // those records to turn `degraded` until they were read. Then one answer, if one waits, before
+        // more gossip: a steady stream of gossip never holds the answers back. Gossip that came before an
+        // answer is still applied before it; cards and removals that meet out of order are settled by
+        // their seqs.
         let answer = tokio::select! {
             biased;
             n = inbox.gossip.recv_many(&mut taken, INGEST_BATCH) => {
                 if n == 0 {
                     return;
                 }
-                None
+                inbox.answers.try_recv().ok()
             }
             answer = inbox.answers.recv() => match answer {
-                Some(answer) => Some(answer),
+                Some(answer) => {
+                    // The gossip queued while the worker waited goes first.
+                    while taken.len() < INGEST_BATCH {
+                        let Ok(item) = inbox.gossip.try_recv() else { break };
+                        taken.push(item);
+                    }
+                    Some(answer)
+                }
                 None => return,
             },
         };

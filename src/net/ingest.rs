@@ -29,14 +29,14 @@ pub enum Inbound {
 /// The ingest worker's two queues, as the event loop holds them: gossip, and sync answers. They are
 /// apart so that gossip never waits behind answers (see [`run`]); each holds `capacity` items.
 pub struct Ingest {
-    gossip: mpsc::Sender<Inbound>,
-    answers: mpsc::Sender<Inbound>,
+    gossip: mpsc::Sender<GossipMessage>,
+    answers: mpsc::Sender<(Answer, tracing::Span)>,
 }
 
 /// The receiving ends of an [`Ingest`], for [`run`].
 pub struct Inbox {
-    gossip: mpsc::Receiver<Inbound>,
-    answers: mpsc::Receiver<Inbound>,
+    gossip: mpsc::Receiver<GossipMessage>,
+    answers: mpsc::Receiver<(Answer, tracing::Span)>,
 }
 
 /// Two queues of `capacity` items each.
@@ -50,11 +50,14 @@ impl Ingest {
     /// Queues `inbound` without waiting: false when its queue is full (or the worker is gone), and it
     /// is dropped.
     pub fn queue(&self, inbound: Inbound) -> bool {
-        let queue = match inbound {
-            Inbound::Gossip { .. } => &self.gossip,
-            Inbound::Signed { .. } => &self.answers,
-        };
-        queue.try_send(inbound).is_ok()
+        match inbound {
+            Inbound::Gossip { message_id, source, data } => {
+                self.gossip.try_send(GossipMessage { message_id, source, data }).is_ok()
+            }
+            Inbound::Signed { from, messages, fetched, span } => {
+                self.answers.try_send((Answer { from, messages, fetched }, span)).is_ok()
+            }
+        }
     }
 }
 
@@ -151,7 +154,6 @@ pub async fn run(
     counters: Arc<Counters>,
     policy: Policy,
 ) {
-    let mut taken = Vec::with_capacity(INGEST_BATCH);
     let mut gossip: Vec<GossipMessage> = Vec::with_capacity(INGEST_BATCH);
     loop {
         // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
@@ -163,7 +165,7 @@ pub async fn run(
         // their seqs.
         let answer = tokio::select! {
             biased;
-            n = inbox.gossip.recv_many(&mut taken, INGEST_BATCH) => {
+            n = inbox.gossip.recv_many(&mut gossip, INGEST_BATCH) => {
                 if n == 0 {
                     return;
                 }
@@ -172,27 +174,21 @@ pub async fn run(
             answer = inbox.answers.recv() => match answer {
                 Some(answer) => {
                     // The gossip queued while the worker waited goes first.
-                    while taken.len() < INGEST_BATCH {
-                        let Ok(item) = inbox.gossip.try_recv() else { break };
-                        taken.push(item);
+                    while gossip.len() < INGEST_BATCH {
+                        let Ok(message) = inbox.gossip.try_recv() else { break };
+                        gossip.push(message);
                     }
                     Some(answer)
                 }
                 None => return,
             },
         };
-        for item in taken.drain(..) {
-            if let Inbound::Gossip { message_id, source, data } = item {
-                gossip.push(GossipMessage { message_id, source, data });
-            }
-        }
         if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
             return;
         }
-        if let Some(Inbound::Signed { from, messages, fetched, span }) = answer {
+        if let Some((answer, span)) = answer {
             // A child of the sync exchange that brought the messages, so a log follows both.
-            let span = tracing::info_span!(parent: &span, "ingest", from = %from, source = "sync", messages = messages.len());
-            let answer = Answer { from, messages, fetched };
+            let span = tracing::info_span!(parent: &span, "ingest", from = %answer.from, source = "sync", messages = answer.messages.len());
             apply_signed(&registry, answer, &policy, &counters, &verdicts).instrument(span).await;
         }
     }

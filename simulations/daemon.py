@@ -82,9 +82,28 @@ class Daemon:
             self.proc.kill()
 
 
-def rss_mb(pid):
+def status_mb(pid, field):
+    """A memory line of /proc/PID/status in MB: `VmRSS` (resident), `RssAnon` (its heap and stacks)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_mb(pid):
+    return status_mb(pid, "VmRSS")
+
+
+def cpu_ticks(pid):
+    """User + system CPU of a process, in clock ticks (1/100 s, /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def machine_ticks():
+    """(idle + iowait, all) CPU ticks of the machine (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, rss_mb
+from daemon import Daemon, cpu_ticks, machine_ticks, rss_mb, status_mb
 
 
 def records(daemon):
@@ -45,42 +45,23 @@ def records(daemon):
 
 def idle_share(seconds):
     """The machine's idle share of CPU time over the next `seconds` (/proc/stat)."""
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)
-    idle0, total0 = sample()
+    idle0, total0 = machine_ticks()
     time.sleep(seconds)
-    idle1, total1 = sample()
+    idle1, total1 = machine_ticks()
     return (idle1 - idle0) / max(1, total1 - total0)
-
-
-def cpu_seconds(pid):
-    """CPU time `pid` has used so far, user and system (/proc/PID/stat, in clock ticks of 1/100 s)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
 
 
 def at_rest(daemons, seconds):
     """Each daemon's CPU (ms/s) and the machine's idle share, in windows of 5 s over `seconds`."""
     windows = []
     for _ in range(max(1, round(seconds / 5))):
-        before = [cpu_seconds(d.proc.pid) for d in daemons]
+        before = [cpu_ticks(d.proc.pid) for d in daemons]
         idle = idle_share(5.0)
-        per_node = sorted((cpu_seconds(d.proc.pid) - b) * 1000 / 5 for d, b in zip(daemons, before))
+        # A tick is 10 ms: ticks over 5 s times 10 / 5 is ms per second.
+        per_node = sorted((cpu_ticks(d.proc.pid) - b) * 2 for d, b in zip(daemons, before))
         windows.append({"idle": round(idle, 2), "cores": round(sum(per_node) / 1000, 2),
-                        "ms_per_s_min_median_max": [round(per_node[i], 1) for i in (0, len(per_node) // 2, -1)]})
+                        "ms_per_s_min_median_max": [per_node[i] for i in (0, len(per_node) // 2, -1)]})
     return windows
-
-
-def anonymous_mb(pid):
-    """Anonymous resident memory of `pid` (heap, stacks), without the binary's mapped pages."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Anonymous:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def active(daemon):
@@ -164,7 +145,7 @@ def main():
             others = sorted(rss_mb(p.proc.pid) for i, p in enumerate(publishers) if i not in again)
             result["restarted_publishers"] = {
                 "rss_mb": [round(rss_mb(publishers[k].proc.pid), 1) for k in again],
-                "anonymous_mb": [round(anonymous_mb(publishers[k].proc.pid), 1) for k in again],
+                "anonymous_mb": [round(status_mb(publishers[k].proc.pid, "RssAnon"), 1) for k in again],
                 "connected_peers": [publishers[k].status().get("connected_peers") for k in again],
                 "active": [active(publishers[k]) for k in again],
                 "others_rss_mb_median": round(others[len(others) // 2], 1),

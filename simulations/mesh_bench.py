@@ -36,6 +36,8 @@ import time
 import urllib.error
 import urllib.request
 
+from daemon import cpu_ticks, machine_ticks, rss_mb
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "agentmesh")
 HTTP_BASE = 19000
@@ -96,11 +98,7 @@ class Node:
         return None
 
     def rss_mb(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS"):
-                    return int(line.split()[1]) / 1024
-        return 0.0
+        return rss_mb(self.proc.pid)
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -182,20 +180,6 @@ def tcp_bytes(pids):
                 if m:
                     totals[current] += int(m.group(1))
     return totals
-
-
-def cpu_ticks(pid):
-    """User + system CPU of a process, in clock ticks (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def machine_ticks():
-    """(idle + iowait, all) CPU ticks of the machine (/proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return fields[3] + fields[4], sum(fields)
 
 
 def total(n):

@@ -55,7 +55,7 @@ use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
 use crate::tasks::Tasks;
 use crate::wire::{self, HeartbeatBody, TombstoneBody, MAX_MESSAGE_BYTES};
-use ingest::{Inbound, Ingest, Policy, Verdict};
+use ingest::{GossipMessage, Ingest, Policy, Verdict};
 use sync::{SyncRequest, SyncResponse};
 
 /// Topic of cards and tombstones.
@@ -563,12 +563,12 @@ impl EventLoop {
                 message,
             }) => {
                 self.counters.update(|c| c.messages_in += 1);
-                let inbound = Inbound::Gossip {
+                let gossip = GossipMessage {
                     message_id: message_id.clone(),
                     source: propagation_source,
                     data: message.data,
                 };
-                if !self.ingest.queue(inbound) {
+                if !self.ingest.gossip(gossip) {
                     self.counters.update(|c| c.dropped_overload += 1);
                     self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
                         &message_id,

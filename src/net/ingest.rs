@@ -16,16 +16,6 @@ use crate::proto::reconcile::{record_id, RecordId};
 use crate::registry::{Applied, Origin, Registry, RegistryError, Snapshot, Update};
 use crate::wire::{self, Message, WireError};
 
-/// Work for the ingest worker, sent through an [`Ingest`].
-pub enum Inbound {
-    /// A gossip message awaiting its verdict.
-    Gossip { message_id: MessageId, source: PeerId, data: Vec<u8> },
-    /// Signed messages from a sync response (any publisher's cards, or a heartbeat or the chunks that
-    /// carry an agent list), with the records it was asked for when it answers a fetch (all settled
-    /// once it is applied).
-    Signed { from: PeerId, messages: Vec<ByteBuf>, fetched: Vec<RecordId>, span: tracing::Span },
-}
-
 /// The ingest worker's two queues, as the event loop holds them: gossip, and sync answers. They are
 /// apart so that gossip never waits behind answers (see [`run`]); each holds `capacity` items.
 pub struct Ingest {
@@ -47,17 +37,15 @@ pub fn queues(capacity: usize) -> (Ingest, Inbox) {
 }
 
 impl Ingest {
-    /// Queues `inbound` without waiting: false when its queue is full (or the worker is gone), and it
-    /// is dropped.
-    pub fn queue(&self, inbound: Inbound) -> bool {
-        match inbound {
-            Inbound::Gossip { message_id, source, data } => {
-                self.gossip.try_send(GossipMessage { message_id, source, data }).is_ok()
-            }
-            Inbound::Signed { from, messages, fetched, span } => {
-                self.answers.try_send((Answer { from, messages, fetched }, span)).is_ok()
-            }
-        }
+    /// Queues a gossip message without waiting: false when its queue is full (or the worker is gone),
+    /// and it is dropped.
+    pub fn gossip(&self, message: GossipMessage) -> bool {
+        self.gossip.try_send(message).is_ok()
+    }
+
+    /// Queues a sync answer, with the span of the exchange that brought it, as [`Ingest::gossip`] does.
+    pub fn answer(&self, answer: Answer, span: tracing::Span) -> bool {
+        self.answers.try_send((answer, span)).is_ok()
     }
 }
 
@@ -285,12 +273,14 @@ async fn apply_cards(
     }
 }
 
-/// A sync answer for the ingest worker.
-struct Answer {
-    from: PeerId,
-    messages: Vec<ByteBuf>,
+/// A sync answer for the ingest worker: signed messages (any publisher's cards, or a heartbeat or the
+/// chunks that carry an agent list), with the records it was asked for when it answers a fetch (all
+/// settled once it is applied).
+pub struct Answer {
+    pub from: PeerId,
+    pub messages: Vec<ByteBuf>,
     /// The records asked for, when it answers a fetch.
-    fetched: Vec<RecordId>,
+    pub fetched: Vec<RecordId>,
 }
 
 /// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
@@ -1113,16 +1103,11 @@ mod tests {
         let asked = record_id(&publisher.public().to_peer_id(), "a", 1);
         let fetched = vec![asked];
         let from = carrier.public().to_peer_id();
-        let answer = Inbound::Signed {
-            from,
-            messages: vec![ByteBuf::from(card)],
-            fetched,
-            span: tracing::Span::none(),
-        };
-        assert!(ingest.queue(answer), "the answer is queued");
+        let answer = Answer { from, messages: vec![ByteBuf::from(card)], fetched };
+        assert!(ingest.answer(answer, tracing::Span::none()), "the answer is queued");
         let beat = wire::seal_heartbeat(&publisher, &HeartbeatBody { sent_at: 1, digest: 0, agents: None });
-        let gossip = Inbound::Gossip { message_id: MessageId::new(&[1]), source: from, data: beat };
-        assert!(ingest.queue(gossip), "the heartbeat is queued");
+        let gossip = GossipMessage { message_id: MessageId::new(&[1]), source: from, data: beat };
+        assert!(ingest.gossip(gossip), "the heartbeat is queued");
         let worker =
             tokio::spawn(run(Arc::new(registry), inbox, verdicts, Arc::new(Counters::default()), policy));
         let mut order = Vec::new();

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use libp2p::identity::PeerId;
 use libp2p::request_response::OutboundRequestId;
 
-use super::ingest::Inbound;
+use super::ingest::Answer;
 use super::EventLoop;
 use crate::clock::now_millis;
 use crate::defaults::FETCH_BATCH;
@@ -120,9 +120,8 @@ impl EventLoop {
         // answer (those the peer no longer held too, so that they may be asked of another at once).
         let fetched = id.and_then(|id| self.state.fetching(id)).map(<[RecordId]>::to_vec).unwrap_or_default();
         if !response.cards.is_empty() || !fetched.is_empty() {
-            let inbound =
-                Inbound::Signed { from: peer, messages: response.cards, fetched, span: span.clone() };
-            if !self.ingest.queue(inbound) {
+            let answer = Answer { from: peer, messages: response.cards, fetched };
+            if !self.ingest.answer(answer, span.clone()) {
                 tracing::debug!(%peer, "ingest queue full; sync response dropped, next round retries");
                 // As if never answered: its records are free to be asked again.
                 if let Some(id) = id {

@@ -67,26 +67,9 @@ fn collect(force: bool) {
     unsafe { libmimalloc_sys::mi_collect(force) };
 }
 
-/// Deferred frees handed on per idle collect ([`release_deferred`]): each moves the thread's bag on
-/// and runs up to eight bags of the shared queue (crossbeam-epoch's step), so a backlog of thousands
-/// of replaced nodes drains within seconds of idle ticks.
-const EPOCH_FLUSHES: usize = 16;
-
-/// Frees what sled replaced on this thread. sled frees a tree node it replaced only once no reader can
-/// still hold it (crossbeam-epoch): until then the node, with every row in it, waits in a bag of the
-/// thread that replaced it, and the bag moves on only when that thread uses the epoch again. A runtime
-/// worker that wrote a catch-up's rows and then had no more store writes kept its bag, and those rows,
-/// for good, also across the store's reopen: about 6 MB on a member of a 10-node mesh of 10,000 agents
-/// (BENCHMARKS.md, "A mesh member's memory is mostly what its catch-up left behind").
-fn release_deferred() {
-    for _ in 0..EPOCH_FLUSHES {
-        crossbeam_epoch::pin().flush();
-    }
-}
-
 /// Collects when a runtime worker goes idle, at most once per [`COLLECT_INTERVAL`]: a busy worker
-/// reuses what it frees anyway, an idle one would keep it indefinitely. What sled deferred is freed
-/// first, so the same collect hands it back.
+/// reuses what it frees anyway, an idle one would keep it indefinitely. What sled deferred on the thread
+/// is freed first (`store::release_deferred`), so the same collect hands it back.
 fn collect_when_idle() {
     thread_local! {
         static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -95,7 +78,7 @@ fn collect_when_idle() {
         let now = Instant::now();
         if last.get().is_none_or(|at| now.duration_since(at) >= COLLECT_INTERVAL) {
             last.set(Some(now));
-            release_deferred();
+            agentmesh::registry::store::release_deferred();
             collect(true);
         }
     });

@@ -1132,4 +1132,62 @@ mod tests {
             .expect("the worker ends when its queues close")
             .unwrap();
     }
+    /// A node under a steady stream of gossip still applies its sync answers: after each batch of gossip
+    /// the worker takes one waiting answer, so an answer waits behind at most one batch, however much
+    /// gossip keeps queueing (a catch-up would otherwise stall for as long as the mesh is busy).
+    #[tokio::test]
+    async fn a_queue_full_of_gossip_holds_a_sync_answer_back_for_one_batch_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let policy = Policy::open_mesh(key.public().to_peer_id());
+        let (registry, _) = Registry::open_checked(
+            dir.path(),
+            key,
+            Thresholds::default(),
+            crate::registry::Limits::default(),
+            false,
+        )
+        .unwrap();
+        let queued = 3 * INGEST_BATCH;
+        let (ingest, inbox) = queues(queued);
+        let (verdicts, mut rx) = mpsc::channel(queued + 16);
+        let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let from = carrier.public().to_peer_id();
+        for n in 0..queued {
+            let body = HeartbeatBody { sent_at: n as u64 + 1, digest: 0, agents: None };
+            let data = wire::seal_heartbeat(&publisher, &body);
+            let message = GossipMessage { message_id: MessageId::new(&n.to_be_bytes()), source: from, data };
+            assert!(ingest.gossip(message), "gossip {n} is queued");
+        }
+        let asked = record_id(&publisher.public().to_peer_id(), "a", 1);
+        let card = card_msg(&publisher, "a", 1);
+        let answer = Answer { from, messages: vec![ByteBuf::from(card)], fetched: vec![asked] };
+        assert!(ingest.answer(answer, tracing::Span::none()), "the answer is queued");
+        let worker =
+            tokio::spawn(run(Arc::new(registry), inbox, verdicts, Arc::new(Counters::default()), policy));
+        let mut judged_before = 0;
+        loop {
+            let verdict = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+                .await
+                .expect("verdicts within 10 s")
+                .expect("the worker runs");
+            match verdict {
+                Verdict::Validate { .. } => judged_before += 1,
+                Verdict::Settled(ids) => {
+                    assert!(ids.contains(&asked), "the answer settles the record it was asked for");
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            judged_before <= INGEST_BATCH,
+            "the answer waited for {judged_before} gossip messages of {queued} queued, more than one batch"
+        );
+        drop((ingest, rx));
+        tokio::time::timeout(std::time::Duration::from_secs(10), worker)
+            .await
+            .expect("the worker ends when its queues close")
+            .unwrap();
+    }
 }

@@ -53,6 +53,14 @@ class Daemon:
     def status(self):
         return self.get("/api/v1/mesh/status")
 
+    def heap_live_mb(self):
+        """The heap's live bytes in MB (`agentmesh_heap_live_bytes` of `/metrics`), None if not served."""
+        with urllib.request.urlopen(self.http + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("agentmesh_heap_live_bytes "):
+                    return int(float(line.split()[1])) / (1024 * 1024)
+        return None
+
     def register(self, card):
         req = urllib.request.Request(self.http + "/api/v1/agents", data=json.dumps(card).encode(),
                                      headers={"content-type": "application/json"}, method="POST")

@@ -143,9 +143,12 @@ def main():
             # As long as the others had between their full view and these measurements.
             time.sleep(max(opts.settle, 30))
             others = sorted(rss_mb(p.proc.pid) for i, p in enumerate(publishers) if i not in again)
+            others_live = sorted(p.heap_live_mb() or 0.0 for i, p in enumerate(publishers) if i not in again)
             result["restarted_publishers"] = {
                 "rss_mb": [round(rss_mb(publishers[k].proc.pid), 1) for k in again],
                 "anonymous_mb": [round(status_mb(publishers[k].proc.pid, "RssAnon"), 1) for k in again],
+                "heap_live_mb": [round(publishers[k].heap_live_mb() or 0.0, 1) for k in again],
+                "others_heap_live_mb_median": round(others_live[len(others_live) // 2], 1),
                 "connected_peers": [publishers[k].status().get("connected_peers") for k in again],
                 "active": [active(publishers[k]) for k in again],
                 "others_rss_mb_median": round(others[len(others) // 2], 1),
@@ -189,6 +192,7 @@ def main():
                 "active": s["records"].get("active", 0),
                 "rss_start_mb": round(j.rss_start, 1),
                 "rss_mb": round(rss, 1),
+                "heap_live_mb": round(j.heap_live_mb() or 0.0, 1),
                 "kb_per_record": round((rss - j.rss_start) * 1024 / opts.agents, 2),
                 "peers_banned": s["peers_banned"],
                 "rejected": s["rejected"],
@@ -211,6 +215,7 @@ def main():
         result["restarted_joiner"] = {
             "records": sum(j0.status()["records"].values()),
             "rss_mb": round(loaded, 1),
+            "heap_live_mb": round(j0.heap_live_mb() or 0.0, 1),
             "empty_node_rss_mb": round(bare, 1),
             "kb_per_record": round((loaded - bare) * 1024 / opts.agents, 2),
         }

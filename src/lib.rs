@@ -25,6 +25,8 @@
 //! - [`watch`]: registry change events (added, updated, health changed, removed) for the watch stream.
 //! - [`webhook`]: those events delivered as signed POSTs to configured URLs, with retries.
 //! - [`node`]: the facade that starts all of the above and owns shutdown.
+//! - [`heap`]: the live bytes of the heap, counted by a wrapper of the global allocator (the daemon
+//!   installs it), for `/metrics`.
 //! - [`tasks`]: the node's supervised task set (a task that stops fails the node, naming it) and the
 //!   non-overlapping periodic timer its loops share.
 //!
@@ -39,6 +41,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod defaults;
+pub mod heap;
 pub mod identity;
 pub mod manifest;
 pub mod net;

@@ -15,8 +15,11 @@ use agentmesh::node::Node;
 /// mimalloc keeps each size class on pages of its own and gives back pages it no longer uses. glibc's
 /// heap, after the start-up load had interleaved short-lived row texts with long-lived view entries,
 /// kept a quarter of the process's memory as holes it could not return (BENCHMARKS.md, "Memory").
+/// Counted (`heap::live_bytes`, served as `agentmesh_heap_live_bytes`), so that what the program holds
+/// can be told apart from what the allocator keeps around it.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: agentmesh::heap::Counting<mimalloc::MiMalloc> =
+    agentmesh::heap::Counting(mimalloc::MiMalloc);
 
 /// mimalloc's `mi_option_purge_delay` and `mi_option_arena_max_object_size` (`mimalloc.h` of the
 /// version the lock file pins; the sys crate names neither).

@@ -192,6 +192,7 @@ async fn the_families_users_rely_on_have_their_types_and_libp2p_reports_the_peer
         ("agentmesh_agents", Gauge),
         ("agentmesh_local_agents", Gauge),
         ("agentmesh_records", Gauge),
+        ("agentmesh_resident_memory_bytes", Gauge),
         ("agentmesh_peers", Gauge),
         ("agentmesh_peers_banned", Gauge),
         ("agentmesh_routing_table_size", Gauge),
@@ -212,6 +213,9 @@ async fn the_families_users_rely_on_have_their_types_and_libp2p_reports_the_peer
     ] {
         assert_eq!(m.kind(family), Some(kind), "{family} in\n{}", m.body);
     }
+    // A node in a process whose allocator does not count (this test's) gives no heap figure at all,
+    // rather than a made-up one.
+    assert_eq!(m.kind("agentmesh_heap_live_bytes"), None, "{}", m.body);
     // b dialled a: one outbound TCP connection, labelled by its role and address stack.
     let established = "libp2p_swarm_connections_established_total";
     assert_eq!(m.at(established, &[("role", "Dialer"), ("protocols", "/ip4/tcp/p2p")]), 1.0);
@@ -400,6 +404,49 @@ async fn json_logs_carry_each_discovery_request_with_filters_counts_duration_and
     assert_eq!(reqwest::get(&bad).await.unwrap().status(), 400);
     let event = daemon.wait_log("refused", |e| e["message"] == "discovery request refused");
     assert_eq!(event["status"], 400);
+}
+
+/// The daemon's memory as `/metrics` gives it: what it has resident, as the system counts it, and what
+/// its heap holds live, counted by its allocator; a view that grows by megabytes grows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_serves_its_resident_memory_and_the_live_bytes_of_its_heap() {
+    let daemon = Daemon::start(&[]);
+    let memory = || async {
+        let body = reqwest::get(format!("{}/metrics", daemon.http)).await.unwrap().text().await.unwrap();
+        let families = parse_prometheus(&body).unwrap_or_else(|e| panic!("{e:?} in\n{body}"));
+        let m = Scrape { families, body };
+        (m.at("agentmesh_resident_memory_bytes", &[]), m.at("agentmesh_heap_live_bytes", &[]))
+    };
+    let (resident, live) = memory().await;
+    let system = daemon.rss_mb() as f64 * 1024.0 * 1024.0;
+    assert!(
+        (resident - system).abs() <= system / 4.0,
+        "resident {resident} B against {system} B in /proc/PID/status"
+    );
+    assert!(live >= 64.0 * 1024.0 && live <= resident * 2.0, "heap live {live} B, resident {resident} B");
+    // 200 agents whose descriptions do not compress: their cards are on the heap as long as they are in
+    // the view.
+    let mut noise = 0x2545_f491_4f6c_dd1d_u64;
+    for n in 0..200 {
+        let description: String = (0..4000)
+            .map(|_| {
+                noise ^= noise << 13;
+                noise ^= noise >> 7;
+                noise ^= noise << 17;
+                char::from(b'a' + (noise % 26) as u8)
+            })
+            .collect();
+        let card = serde_json::json!({
+            "agent_id": format!("bulky-{n}"),
+            "base_url": "http://127.0.0.1:9/",
+            "description": description,
+            "skills": [{"id": "echo"}],
+        });
+        let response = daemon.register(&card).await;
+        assert!(response.status().is_success(), "{n}: {}", response.status());
+    }
+    let (_, grown) = memory().await;
+    assert!(grown - live >= 200.0 * 2000.0, "heap live {live} B, then {grown} B with 800 KB more of cards");
 }
 
 /// The span (`span`, innermost) and the chain of spans (`spans`, outermost first) of a JSON log event.

@@ -4,6 +4,8 @@
 //! into one exposition, from three registries in turn:
 //! - the node's (`agentmesh_*`), built at start: discovery, counted on the request path
 //!   ([`discovery`]), and the view, read at scrape time ([`figures::ViewFigures`]);
+//! - the process's memory, read at scrape time ([`figures::ProcessFigures`]): resident, and the heap's
+//!   live bytes when the allocator counts them ([`crate::heap`]);
 //! - the mesh figures (`agentmesh_*`), from the mesh task's status, fetched at each scrape with a
 //!   bounded wait ([`figures::MeshFigures`]);
 //! - libp2p's own (`libp2p_*`): connections, gossipsub, Kademlia, identify and ping, recorded by the
@@ -30,7 +32,7 @@ use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::registry::Registry;
 
 pub use discovery::{filter_names, format_name, DiscoveryMetrics};
-use figures::{MeshFigures, ViewFigures, UNKNOWN_COUNTERS};
+use figures::{MeshFigures, ProcessFigures, ViewFigures, UNKNOWN_COUNTERS};
 
 use super::error::ApiError;
 use super::AppState;
@@ -58,6 +60,7 @@ impl Metrics {
         let mut node = Registry::with_prefix(PREFIX);
         let discovery = DiscoveryMetrics::register(&mut node);
         node.register_collector(Box::new(ViewFigures(view)));
+        node.register_collector(Box::new(ProcessFigures));
         Self { node, libp2p, discovery }
     }
 

@@ -10,7 +10,8 @@
 //! (the envelopes' signatures in one batch), `decode` (the card's JSON parse and canonical check, its A2A
 //! signing input, the A2A signatures in one batch), `apply` (one registry batch: view and store). The
 //! store is a real sled tree in a fresh temporary directory for each run. The daemon's allocator
-//! (mimalloc) is used; `MIMALLOC_PURGE_DELAY=0` in the environment gives the daemon's purge setting.
+//! (mimalloc, counted by `heap::Counting`) is used; `MIMALLOC_PURGE_DELAY=0` in the environment gives
+//! the daemon's purge setting.
 
 use std::time::{Duration, Instant};
 
@@ -23,10 +24,11 @@ use libp2p::identity::Keypair;
 #[path = "common/cards.rs"]
 mod cards;
 
-/// The daemon's allocator, so that allocation costs what it costs in the daemon (`src/main.rs`; run
-/// with `MIMALLOC_PURGE_DELAY=0` for the daemon's purge setting too).
+/// The daemon's allocator, counted as the daemon counts it, so that allocation costs what it costs in
+/// the daemon (`src/main.rs`; run with `MIMALLOC_PURGE_DELAY=0` for the daemon's purge setting too).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: agentmesh::heap::Counting<mimalloc::MiMalloc> =
+    agentmesh::heap::Counting(mimalloc::MiMalloc);
 
 /// The default number of cards: the view size of the mesh targets in BENCHMARKS.md.
 const AGENTS: usize = 10_000;

@@ -1,7 +1,10 @@
 //! What the heap holds live: a wrapper for the process's global allocator that counts the bytes
 //! allocated and not yet freed, so that memory can be told apart from what the allocator keeps around
-//! it. Resident memory far above the live bytes is the allocator's (pages holding a few live blocks,
-//! freed pages not yet given back); resident memory that follows the live bytes is the program's.
+//! it. Resident memory that grows while the live bytes do not is the allocator's (pages holding a few
+//! live blocks, freed pages not yet given back); resident memory that follows them is the program's.
+//! The count is of what was asked for, touched or not: an allocation whose pages are never written
+//! (sled reserves about 21 MB of metrics histograms that way) counts in full and is hardly resident, so
+//! the count is compared over time and between processes, not with resident memory.
 //!
 //! The count is kept in [`SHARDS`] cache-line-sized counters, each thread adding to one of its own,
 //! so that threads allocating at once do not contend on one line; [`live_bytes`] sums them. A block

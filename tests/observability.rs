@@ -423,7 +423,12 @@ async fn the_daemon_serves_its_resident_memory_and_the_live_bytes_of_its_heap() 
         (resident - system).abs() <= system / 4.0,
         "resident {resident} B against {system} B in /proc/PID/status"
     );
-    assert!(live >= 64.0 * 1024.0 && live <= resident * 2.0, "heap live {live} B, resident {resident} B");
+    // Not bounded by the resident memory (untouched reservations count in full, `heap`), but frees count:
+    // an idle daemon's heap is tens of megabytes, not the sum of everything it ever allocated.
+    assert!(
+        live >= 64.0 * 1024.0 && live <= resident + 64.0 * 1024.0 * 1024.0,
+        "heap live {live} B, resident {resident} B"
+    );
     // 200 agents whose descriptions do not compress: their cards are on the heap as long as they are in
     // the view.
     let mut noise = 0x2545_f491_4f6c_dd1d_u64;

@@ -48,8 +48,8 @@ impl Collector for ViewFigures {
 }
 
 /// This process's memory at each scrape: what it has resident (`/proc/self/statm`, on Linux) and, when
-/// the global allocator counts ([`crate::heap`]), the heap's live bytes. Resident memory well above the
-/// live bytes is held by the allocator, not by the program.
+/// the global allocator counts ([`crate::heap`]), the heap's live bytes (see there for how the two
+/// compare).
 #[derive(Debug)]
 pub struct ProcessFigures;
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""A mesh of publishers' memory after their catch-up: each member's resident memory and its heap's live
+bytes, sampled for a while after the mesh holds the full view.
+
+    simulations/mesh_memory.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
+        [--publishers 50] [--agents 10000] [--samples 8] [--every 15]
+
+The agents are split over the publishers as `join_big.py` splits them (one data directory each, written
+by the discovery bench's `--populate`); all bootstrap to the first. Once every publisher holds every
+agent `active`, the script prints one line per sample (`--samples` of them, `--every` seconds apart): the
+seconds since the last publisher started, then the minimum, median and maximum over the members of the
+heap's live bytes (`agentmesh_heap_live_bytes`) and of the resident memory (VmRSS), in MB. Live bytes
+that stay while resident memory stays higher still tell the program's memory from the allocator's (see
+README, "Metrics"). Then it restarts the first member on its data directory and prints the same two
+figures for it 30 s after it holds every agent again: a member of the same mesh that caught up nothing.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from daemon import Daemon, rss_mb
+
+
+def active(daemon):
+    try:
+        return daemon.status()["records"].get("active", 0)
+    except OSError:
+        return 0
+
+
+def spread(values):
+    values = sorted(values)
+    return f"{values[0]:.1f} / {values[len(values) // 2]:.1f} / {values[-1]:.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--populate-bin", required=True)
+    ap.add_argument("--publishers", type=int, default=50)
+    ap.add_argument("--agents", type=int, default=10_000)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--every", type=float, default=15)
+    ap.add_argument("--timeout", type=float, default=400)
+    opts = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="agentmesh-memory-")
+    shares = [opts.agents // opts.publishers + (1 if i < opts.agents % opts.publishers else 0)
+              for i in range(opts.publishers)]
+    dirs = [os.path.join(work, f"publisher-{i}") for i in range(opts.publishers)]
+    for d, n in zip(dirs, shares):
+        subprocess.run([opts.populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
+    members = []
+    try:
+        members.append(Daemon(opts.bin, dirs[0], []))
+        addr = members[0].addr()
+        for d in dirs[1:]:
+            members.append(Daemon(opts.bin, d, ["--bootstrap", addr]))
+        started = time.time()
+        while any(active(m) < opts.agents for m in members):
+            if time.time() - started > opts.timeout:
+                raise SystemExit(f"no full view within {opts.timeout} s")
+            time.sleep(1.0)
+        print(f"{opts.publishers} publishers, {opts.agents} agents: full view {time.time() - started:.1f} s "
+              "after the last started", flush=True)
+        print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB)")
+        for _ in range(opts.samples):
+            live = [m.heap_live_mb() or 0.0 for m in members]
+            resident = [rss_mb(m.proc.pid) for m in members]
+            print(f"{time.time() - started:6.0f} s | {spread(live)} | {spread(resident)}", flush=True)
+            time.sleep(opts.every)
+        members[0].stop()
+        members[0] = Daemon(opts.bin, dirs[0], ["--bootstrap", members[1].addr()])
+        again = time.time()
+        while active(members[0]) < opts.agents and time.time() - again < opts.timeout:
+            time.sleep(1.0)
+        time.sleep(30)
+        print(f"restarted on its data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
+              f"resident {rss_mb(members[0].proc.pid):.1f} MB", flush=True)
+    finally:
+        for m in members:
+            m.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

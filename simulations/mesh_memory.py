@@ -9,7 +9,8 @@ The agents are split over the publishers as `join_big.py` splits them (one data 
 by the discovery bench's `--populate`); all bootstrap to the first. Once every publisher holds every
 agent `active`, the script prints one line per sample (`--samples` of them, `--every` seconds apart): the
 seconds since the last publisher started, then the minimum, median and maximum over the members of the
-heap's live bytes (`agentmesh_heap_live_bytes`) and of the resident memory (VmRSS), in MB. Live bytes
+heap's live bytes (`agentmesh_heap_live_bytes`) and of the resident memory (VmRSS), in MB; then the
+members holding the least and the most live bytes at the last sample, by their start order. Live bytes
 that stay while resident memory stays higher still tell the program's memory from the allocator's (see
 README, "Metrics"). Then it restarts the first member on its data directory and prints the same two
 figures for it 30 s after it holds every agent again: a member of the same mesh that caught up nothing.
@@ -73,6 +74,10 @@ def main():
             resident = [rss_mb(m.proc.pid) for m in members]
             print(f"{time.time() - started:6.0f} s | {spread(live)} | {spread(resident)}", flush=True)
             time.sleep(opts.every)
+        # Who holds the most and the least, by start order (0 started first).
+        order = sorted(range(len(members)), key=lambda i: live[i])
+        show = lambda picked: ", ".join(f"#{i} {live[i]:.1f}" for i in picked)
+        print(f"least live (start order, MB): {show(order[:5])}; most: {show(reversed(order[-5:]))}", flush=True)
         members[0].stop()
         members[0] = Daemon(opts.bin, dirs[0], ["--bootstrap", members[1].addr()])
         again = time.time()

@@ -47,21 +47,18 @@ impl Collector for ViewFigures {
     }
 }
 
-/// This process's memory at each scrape: what it has resident (`/proc/self/statm`, on Linux) and, when
-/// the global allocator counts ([`crate::heap`]), the heap's live bytes (see there for how the two
-/// compare).
+/// This process's memory at each scrape: what it has resident (`VmRSS` of `/proc/self/status`, on
+/// Linux) and, when the global allocator counts ([`crate::heap`]), the heap's live bytes (see there for
+/// how the two compare).
 #[derive(Debug)]
 pub struct ProcessFigures;
 
-/// Bytes of a page, for `/proc/self/statm`, which counts in pages (4 KiB on every Linux this runs on
-/// that the daemon's images target; a larger page only makes the figure an underestimate).
-const PAGE_BYTES: u64 = 4096;
-
 /// This process's resident memory, when the system says.
-pub fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * PAGE_BYTES)
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().next()?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Collector for ProcessFigures {

@@ -13,7 +13,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 /// Counters the threads spread over (more threads than this share them).
 pub const SHARDS: usize = 16;
@@ -22,9 +22,6 @@ pub const SHARDS: usize = 16;
 struct Shard(AtomicIsize);
 
 static LIVE: [Shard; SHARDS] = [const { Shard(AtomicIsize::new(0)) }; SHARDS];
-/// Whether any allocation went through a [`Counting`] allocator, that is, whether the count means
-/// anything.
-static COUNTED: AtomicBool = AtomicBool::new(false);
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -50,19 +47,17 @@ fn shard() -> &'static AtomicIsize {
 
 fn count(bytes: isize) {
     shard().fetch_add(bytes, Ordering::Relaxed);
-    if !COUNTED.load(Ordering::Relaxed) {
-        COUNTED.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Bytes allocated through a [`Counting`] allocator and not freed yet (what was asked for, not the
-/// allocator's size classes), or `None` when the process's allocator does not count.
+/// allocator's size classes), or `None` when the process's allocator does not count: then every
+/// counter is still at zero, which a process that counts never comes back to (it holds its runtime).
 pub fn live_bytes() -> Option<u64> {
-    if !COUNTED.load(Ordering::Relaxed) {
+    let shards: [isize; SHARDS] = std::array::from_fn(|at| LIVE[at].0.load(Ordering::Relaxed));
+    if shards.iter().all(|&n| n == 0) {
         return None;
     }
-    let sum: isize = LIVE.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
-    Some(sum.max(0) as u64)
+    Some(shards.iter().sum::<isize>().max(0) as u64)
 }
 
 /// `A`, counting what passes through it (see the module).

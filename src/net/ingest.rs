@@ -1085,19 +1085,7 @@ mod tests {
     /// node that is seconds, enough for the records it keeps alive to turn `degraded`).
     #[tokio::test]
     async fn queued_gossip_is_judged_before_a_sync_answer_that_came_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = Keypair::generate_ed25519();
-        let policy = Policy::open_mesh(key.public().to_peer_id());
-        let (registry, _) = Registry::open_checked(
-            dir.path(),
-            key,
-            Thresholds::default(),
-            crate::registry::Limits::default(),
-            false,
-        )
-        .unwrap();
         let (ingest, inbox) = queues(4);
-        let (verdicts, mut rx) = mpsc::channel(16);
         let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
         let card = card_msg(&publisher, "a", 1);
         let asked = record_id(&publisher.public().to_peer_id(), "a", 1);
@@ -1108,15 +1096,10 @@ mod tests {
         let beat = wire::seal_heartbeat(&publisher, &HeartbeatBody { sent_at: 1, digest: 0, agents: None });
         let gossip = GossipMessage { message_id: MessageId::new(&[1]), source: from, data: beat };
         assert!(ingest.gossip(gossip), "the heartbeat is queued");
-        let worker =
-            tokio::spawn(run(Arc::new(registry), inbox, verdicts, Arc::new(Counters::default()), policy));
+        let (_dir, worker, mut rx) = start_worker(inbox, 16);
         let mut order = Vec::new();
         while order.len() < 2 {
-            let verdict = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
-                .await
-                .expect("verdicts within 10 s")
-                .expect("the worker runs");
-            match verdict {
+            match next_verdict(&mut rx).await {
                 Verdict::Validate { .. } => order.push("heartbeat judged"),
                 Verdict::Settled(ids) => {
                     assert!(ids.contains(&asked), "the answer settles the record it was asked for");
@@ -1127,30 +1110,15 @@ mod tests {
         }
         assert_eq!(order, ["heartbeat judged", "answer applied"]);
         drop(ingest);
-        tokio::time::timeout(std::time::Duration::from_secs(10), worker)
-            .await
-            .expect("the worker ends when its queues close")
-            .unwrap();
+        stops(worker).await;
     }
     /// A node under a steady stream of gossip still applies its sync answers: after each batch of gossip
     /// the worker takes one waiting answer, so an answer waits behind at most one batch, however much
     /// gossip keeps queueing (a catch-up would otherwise stall for as long as the mesh is busy).
     #[tokio::test]
     async fn a_queue_full_of_gossip_holds_a_sync_answer_back_for_one_batch_at_most() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = Keypair::generate_ed25519();
-        let policy = Policy::open_mesh(key.public().to_peer_id());
-        let (registry, _) = Registry::open_checked(
-            dir.path(),
-            key,
-            Thresholds::default(),
-            crate::registry::Limits::default(),
-            false,
-        )
-        .unwrap();
         let queued = 3 * INGEST_BATCH;
         let (ingest, inbox) = queues(queued);
-        let (verdicts, mut rx) = mpsc::channel(queued + 16);
         let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
         let from = carrier.public().to_peer_id();
         for n in 0..queued {
@@ -1163,15 +1131,10 @@ mod tests {
         let card = card_msg(&publisher, "a", 1);
         let answer = Answer { from, messages: vec![ByteBuf::from(card)], fetched: vec![asked] };
         assert!(ingest.answer(answer, tracing::Span::none()), "the answer is queued");
-        let worker =
-            tokio::spawn(run(Arc::new(registry), inbox, verdicts, Arc::new(Counters::default()), policy));
+        let (_dir, worker, mut rx) = start_worker(inbox, queued + 16);
         let mut judged_before = 0;
         loop {
-            let verdict = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
-                .await
-                .expect("verdicts within 10 s")
-                .expect("the worker runs");
-            match verdict {
+            match next_verdict(&mut rx).await {
                 Verdict::Validate { .. } => judged_before += 1,
                 Verdict::Settled(ids) => {
                     assert!(ids.contains(&asked), "the answer settles the record it was asked for");
@@ -1185,6 +1148,35 @@ mod tests {
             "the answer waited for {judged_before} gossip messages of {queued} queued, more than one batch"
         );
         drop((ingest, rx));
+        stops(worker).await;
+    }
+
+    /// The ingest worker on a fresh registry of an open mesh, taking what `inbox` holds; its verdicts
+    /// come back on the receiver (room for `verdicts` of them).
+    fn start_worker(
+        inbox: Inbox,
+        verdicts: usize,
+    ) -> (tempfile::TempDir, tokio::task::JoinHandle<()>, mpsc::Receiver<Verdict>) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let policy = Policy::open_mesh(key.public().to_peer_id());
+        let limits = crate::registry::Limits::default();
+        let (registry, _) =
+            Registry::open_checked(dir.path(), key, Thresholds::default(), limits, false).unwrap();
+        let (tx, rx) = mpsc::channel(verdicts);
+        let worker = tokio::spawn(run(Arc::new(registry), inbox, tx, Arc::new(Counters::default()), policy));
+        (dir, worker, rx)
+    }
+
+    async fn next_verdict(rx: &mut mpsc::Receiver<Verdict>) -> Verdict {
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("verdicts within 10 s")
+            .expect("the worker runs")
+    }
+
+    /// The worker ends within 10 s once its queues are closed.
+    async fn stops(worker: tokio::task::JoinHandle<()>) {
         tokio::time::timeout(std::time::Duration::from_secs(10), worker)
             .await
             .expect("the worker ends when its queues close")

@@ -90,6 +90,29 @@ class Daemon:
             self.proc.kill()
 
 
+def records(daemon):
+    """`daemon`'s records by health; empty while it is too busy to answer its status in time."""
+    try:
+        return daemon.status()["records"]
+    except OSError:
+        return {}
+
+
+def active(daemon):
+    """Agents `active` on `daemon`; 0 while it is too busy to answer its status in time."""
+    return records(daemon).get("active", 0)
+
+
+def populate(populate_bin, work, agents, publishers):
+    """`agents` split over `publishers` data directories under `work` (`publisher-0` takes the first share),
+    each written by the discovery bench's `--populate` with a key of its own; returns their paths."""
+    shares = [agents // publishers + (1 if i < agents % publishers else 0) for i in range(publishers)]
+    dirs = [os.path.join(work, f"publisher-{i}") for i in range(publishers)]
+    for d, n in zip(dirs, shares):
+        subprocess.run([populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
+    return dirs
+
+
 def status_mb(pid, field):
     """A memory line of /proc/PID/status in MB: `VmRSS` (resident), `RssAnon` (its heap and stacks)."""
     with open(f"/proc/{pid}/status") as f:

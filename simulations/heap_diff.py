@@ -27,20 +27,13 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon
+from daemon import Daemon, active, populate
 
 # Frames that say where memory was asked for only in general: allocation, collections, futures, the runtime.
 PLUMBING = ("/rustc", "alloc.rs", "boxed.rs", "raw_vec", "vec/mod.rs", "sync.rs", "function.rs",
             "panicking.rs", "panic.rs", "unwind_safe", "future.rs", "harness.rs", "core.rs", "raw.rs",
             "worker.rs", "coop", "instrument.rs", "unsafe_cell", "mod.rs", "spec_", "into_iter", "clone.rs",
             "string.rs", "collect", "map.rs", "iterator.rs")
-
-
-def active(daemon):
-    try:
-        return daemon.status()["records"].get("active", 0)
-    except OSError:
-        return 0
 
 
 def kill(binary, data_dir):
@@ -52,7 +45,8 @@ def traced(binary, out, work):
     """A script that runs `binary` under heaptrack, writing to `out`, for `Daemon` to start."""
     path = os.path.join(work, f"heaptrack-{os.path.basename(out)}.sh")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec heaptrack -o "{out}" "{binary}" "$@"\n')
+        # heaptrack's own messages go to stdout: kept out of this script's JSON (the daemon logs to stderr).
+        f.write(f'#!/bin/sh\nexec heaptrack -o "{out}" "{binary}" "$@" >/dev/null\n')
     os.chmod(path, 0o755)
     return path
 
@@ -62,6 +56,23 @@ def recording(prefix):
         if os.path.exists(prefix + suffix):
             return prefix + suffix
     raise SystemExit(f"no heaptrack recording at {prefix}")
+
+
+def written(prefix, deadline_s=60):
+    """Waits until heaptrack's interpreter, which outlives the process it traced, has written the whole
+    recording: its size unchanged for a second."""
+    deadline = time.time() + deadline_s
+    size = -1
+    while time.time() < deadline:
+        try:
+            now = os.path.getsize(recording(prefix))
+        except SystemExit:
+            now = -1
+        if now == size and now > 0:
+            return
+        size = now
+        time.sleep(1.0)
+    raise SystemExit(f"the heaptrack recording at {prefix} was not finished within {deadline_s} s")
 
 
 def not_freed(prefix, work):
@@ -100,11 +111,7 @@ def main():
     binary = os.path.abspath(opts.bin)
 
     work = tempfile.mkdtemp(prefix="agentmesh-heap-")
-    shares = [opts.agents // opts.publishers + (1 if i < opts.agents % opts.publishers else 0)
-              for i in range(opts.publishers)]
-    dirs = [os.path.join(work, f"publisher-{i}") for i in range(opts.publishers)]
-    for d, n in zip(dirs, shares):
-        subprocess.run([opts.populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
+    dirs = populate(opts.populate_bin, work, opts.agents, opts.publishers)
     daemons = []
     try:
         k = opts.traced % opts.publishers
@@ -133,7 +140,7 @@ def main():
             time.sleep(opts.settle)
             kill(binary, dirs[k])
             member.proc.wait()
-            time.sleep(5)  # heaptrack's interpreter finishes writing the recording
+            written(out)
             result[phase] = out
         before, after = not_freed(result["caught_up"], work), not_freed(result["restarted"], work)
         sites_before, sites_after = collections.Counter(), collections.Counter()

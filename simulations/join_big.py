@@ -27,20 +27,11 @@ count. Exits non-zero if a joiner does not get there, or if anyone was banned or
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from daemon import Daemon, cpu_ticks, machine_ticks, rss_mb, status_mb
-
-
-def records(daemon):
-    """`daemon`'s records by health; empty while it is too busy to answer its status in time."""
-    try:
-        return daemon.status()["records"]
-    except OSError:
-        return {}
+from daemon import Daemon, active, cpu_ticks, machine_ticks, populate, records, rss_mb, status_mb
 
 
 def idle_share(seconds):
@@ -64,11 +55,6 @@ def at_rest(daemons, seconds):
     return windows
 
 
-def active(daemon):
-    """Agents `active` on `daemon`; 0 while it is too busy to answer its status in time."""
-    return records(daemon).get("active", 0)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -89,12 +75,7 @@ def main():
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-join-")
-    shares = [opts.agents // opts.publishers + (1 if i < opts.agents % opts.publishers else 0)
-              for i in range(opts.publishers)]
-    publisher_dirs = [os.path.join(work, "publisher" if i == 0 else f"publisher-{i}")
-                      for i in range(opts.publishers)]
-    for d, n in zip(publisher_dirs, shares):
-        subprocess.run([opts.populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
+    publisher_dirs = populate(opts.populate_bin, work, opts.agents, opts.publishers)
     daemons = []
     result = {"agents": opts.agents, "publishers": opts.publishers, "joiners": []}
     try:

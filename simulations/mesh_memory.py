@@ -17,20 +17,11 @@ figures for it 30 s after it holds every agent again: a member of the same mesh 
 """
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from daemon import Daemon, rss_mb
-
-
-def active(daemon):
-    try:
-        return daemon.status()["records"].get("active", 0)
-    except OSError:
-        return 0
+from daemon import Daemon, active, populate, rss_mb
 
 
 def spread(values):
@@ -50,11 +41,7 @@ def main():
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-memory-")
-    shares = [opts.agents // opts.publishers + (1 if i < opts.agents % opts.publishers else 0)
-              for i in range(opts.publishers)]
-    dirs = [os.path.join(work, f"publisher-{i}") for i in range(opts.publishers)]
-    for d, n in zip(dirs, shares):
-        subprocess.run([opts.populate_bin, "--populate", d, str(n)], check=True, stdout=subprocess.DEVNULL)
+    dirs = populate(opts.populate_bin, work, opts.agents, opts.publishers)
     members = []
     try:
         members.append(Daemon(opts.bin, dirs[0], []))

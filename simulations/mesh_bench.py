@@ -15,7 +15,8 @@ Writes JSON to simulations/results/mesh-<N>.json and prints a Markdown summary.
 Convergence is timed from each node's own log ("card applied", debug level of target agentmesh::apply),
 so that no polling loads the machine while it is measured. Detection polls every node's HTTP API.
 
-Usage: simulations/mesh_bench.py [--sizes 10,30] [--agents 1000] [--rounds 5] [--quiet-seconds 20] [--preload]
+Usage: [AGENTMESH_BIN=PATH] simulations/mesh_bench.py [--sizes 10,30] [--agents 1000] [--rounds 5]
+           [--quiet-seconds 20] [--preload]
 (--preload: each node registers its share of the agents from card files at start, and the time until
 every node holds every agent is reported; results go to mesh-<N>-<AGENTS>.json.)
 Standard library only; needs `ss` (iproute2).
@@ -39,7 +40,8 @@ import urllib.request
 from daemon import cpu_ticks, machine_ticks, rss_mb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "agentmesh")
+# AGENTMESH_BIN: a binary built elsewhere (another commit, to compare); unset, this tree's release build.
+BIN = os.environ.get("AGENTMESH_BIN") or os.path.join(ROOT, "target", "release", "agentmesh")
 HTTP_BASE = 19000
 P2P_BASE = 29000
 POLL = 0.01
@@ -298,7 +300,8 @@ def main():
     ap.add_argument("--preload", action="store_true",
                     help="register the steady agents from card files at each node's start instead of by HTTP")
     args = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    if not os.environ.get("AGENTMESH_BIN"):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     os.makedirs(os.path.join(ROOT, "simulations", "results"), exist_ok=True)
     for size in [int(s) for s in args.sizes.split(",")]:
         workdir = tempfile.mkdtemp(prefix=f"agentmesh-bench-{size}-")

@@ -4,8 +4,9 @@
 //! and record rules ([`agentmesh::proto::records::Records`]) on a virtual network: per-link delay and
 //! jitter, loss (as TCP retransmission delay), partitions, crashes and graceful leaves. Gossip follows
 //! gossipsub's model with the daemon's parameters: a mesh of degree `MESH_N` (kept between
-//! `MESH_N_LOW` and `MESH_N_HIGH`), eager forwarding of validated messages to mesh peers, and IHAVE
-//! / IWANT gossip to `GOSSIP_LAZY` other peers every `GOSSIP_HEARTBEAT`. Each node processes what it
+//! `MESH_N_LOW` and `MESH_N_HIGH`), eager forwarding of validated messages to mesh peers (accepted
+//! heartbeats together every `FORWARD_TICK`, as the daemon does), and IHAVE / IWANT gossip to
+//! `GOSSIP_LAZY` other peers every `GOSSIP_HEARTBEAT`. Each node processes what it
 //! receives one message at a time (the daemon's ingest worker), at a cost per message and per card.
 //!
 //!   cargo run --release --example sim -- --nodes 1000 --seed 1 --delay-ms 50 --jitter-ms 20
@@ -32,9 +33,9 @@ use std::time::Instant;
 use agentmesh::card::reported::Reported;
 use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER, MAX_UNANNOUNCED};
 use agentmesh::net::{
-    DETECT_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY, HANDSHAKE_TIMEOUT,
-    LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL, PING_TIMEOUT,
-    SYNC_INTERVAL,
+    DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
+    HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
+    PING_TIMEOUT, SYNC_INTERVAL,
 };
 use agentmesh::proto::membership::Reach;
 use agentmesh::proto::reconcile::{record_id, Index, RecordId};
@@ -163,6 +164,11 @@ enum Ev {
         node: usize,
         epoch: u32,
     },
+    /// The node's accepted heartbeats go to its mesh peers (`FORWARD_TICK`).
+    Forward {
+        node: usize,
+        epoch: u32,
+    },
     SyncTimer {
         node: usize,
         epoch: u32,
@@ -262,6 +268,8 @@ struct Node {
     seen_rotated: T,
     /// Ids of the messages seen in the last `GOSSIP_HISTORY` gossip heartbeats.
     history: VecDeque<Vec<u64>>,
+    /// Heartbeats it accepted since its last `FORWARD_TICK`, with whom each came from.
+    held: Vec<(usize, u64)>,
     busy_until: T,
     /// When its process last started.
     started_at: T,
@@ -356,6 +364,7 @@ impl Sim {
             seen_old: HashSet::new(),
             seen_rotated: 0,
             history: VecDeque::new(),
+            held: Vec::new(),
             busy_until: 0,
             started_at: 0,
             unannounced: Vec::new(),
@@ -441,6 +450,8 @@ impl Sim {
         let rd = self.rng.random_range(0..us(MDNS_QUERY_INTERVAL));
         self.at(now + hb, Ev::Heartbeat { node: i, epoch });
         self.at(now + gb, Ev::GossipBeat { node: i, epoch });
+        // The daemon starts its forward timer with its heartbeat timer.
+        self.at(now + hb % us(FORWARD_TICK), Ev::Forward { node: i, epoch });
         self.at(now + sy, Ev::SyncTimer { node: i, epoch });
         self.at(now + tk, Ev::Tick { node: i, epoch });
         self.at(now + rd, Ev::Rediscover { node: i, epoch });
@@ -488,6 +499,7 @@ impl Sim {
         node.epoch += 1;
         node.conns.clear();
         node.mesh.clear();
+        node.held.clear();
     }
 
     /// A graceful leave: a goodbye for every agent, then the process stops.
@@ -976,6 +988,14 @@ impl Sim {
                     self.at(self.now + us(GOSSIP_HEARTBEAT), Ev::GossipBeat { node, epoch });
                 }
             }
+            Ev::Forward { node, epoch } => {
+                if self.alive(node, epoch) {
+                    for (from, id) in std::mem::take(&mut self.nodes[node].held) {
+                        self.forward(node, from, id);
+                    }
+                    self.at(self.now + us(FORWARD_TICK), Ev::Forward { node, epoch });
+                }
+            }
             Ev::SyncTimer { node, epoch } => {
                 if self.alive(node, epoch) {
                     self.handle(node, Event::SyncTimer);
@@ -1118,7 +1138,12 @@ impl Sim {
             Wire::Gossip(id) => {
                 let Some((_, payload)) = self.messages.get(&id).cloned() else { return };
                 if self.apply(i, from, &payload) {
-                    self.forward(i, from, id);
+                    // The daemon holds an accepted heartbeat's forward until its next `FORWARD_TICK`.
+                    if matches!(*payload, Payload::Heartbeat { .. }) {
+                        self.nodes[i].held.push((from, id));
+                    } else {
+                        self.forward(i, from, id);
+                    }
                 }
             }
             Wire::Response { id, cards, list, .. } => {

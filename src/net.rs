@@ -106,6 +106,15 @@ pub const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Gossipsub heartbeat (mesh maintenance, gossip emission): its default; a faster one multiplies the
 /// IHAVE control traffic.
 pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often the accepted heartbeats that came in since the last tick are forwarded by gossipsub (one
+/// that waited a tick or more in this node already goes on at once). The forwards of a tick go out
+/// together, so each mesh peer is woken once a tick for every heartbeat this node relays instead of
+/// once per copy: on a quiet mesh the per-message cost of a copy (a wake-up, yamux, noise, a system
+/// call on each side) is most of what a node spends. Heartbeats are judged by age in seconds; cards,
+/// removals and declarations are never held.
+pub const FORWARD_TICK: Duration = Duration::from_millis(250);
+/// Heartbeat forwards held at most; past it they go out at once.
+pub const MAX_HELD_FORWARDS: usize = 4_096;
 
 /// How long a connection may take to be set up (network key, noise, yamux) before it is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -256,6 +265,7 @@ pub async fn spawn(
         last_heartbeat: None,
         requests: HashMap::new(),
         indexed: None,
+        held: Vec::new(),
         state: State::new(
             state::Config { list_refetch: config_heartbeat.as_millis() as u64 },
             rand::random(),
@@ -302,16 +312,21 @@ struct EventLoop {
     requests: HashMap<request_response::OutboundRequestId, (state::RequestId, tracing::Span)>,
     /// The snapshot the protocol state's reconciliation index was built from (see `index`).
     indexed: Option<Arc<crate::registry::Snapshot>>,
+    /// Accepted heartbeats whose forwards wait for the next `FORWARD_TICK` (at most
+    /// `MAX_HELD_FORWARDS`).
+    held: Vec<(gossipsub::MessageId, PeerId)>,
 }
 
 impl EventLoop {
     async fn run(mut self) {
         let mut heartbeat = interval(self.config.heartbeat_interval);
+        // Started with the heartbeat's, so that this node's own heartbeat goes out with a tick's forwards.
+        let mut forward = interval(FORWARD_TICK);
         let mut sync = interval(SYNC_INTERVAL);
         let mut redial = interval(REDIAL_MIN);
         let mut lan_redial = interval(MDNS_QUERY_INTERVAL);
         let mut detect = interval(DETECT_TICK);
-        for timer in [&mut heartbeat, &mut sync, &mut redial, &mut lan_redial, &mut detect] {
+        for timer in [&mut heartbeat, &mut forward, &mut sync, &mut redial, &mut lan_redial, &mut detect] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         loop {
@@ -329,6 +344,7 @@ impl EventLoop {
                     None => return,
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
+                _ = forward.tick() => self.forward_held(),
                 _ = sync.tick() => self.handle(Event::SyncTimer),
                 _ = redial.tick() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
@@ -419,7 +435,14 @@ impl EventLoop {
 
     fn on_verdict(&mut self, verdict: Verdict) {
         match verdict {
-            Verdict::Validate { message_id, source, acceptance } => {
+            Verdict::Validate { message_id, source, acceptance, heartbeat } => {
+                if holds_forward(heartbeat, &acceptance, std::time::Instant::now()) {
+                    self.held.push((message_id, source));
+                    if self.held.len() >= MAX_HELD_FORWARDS {
+                        self.forward_held();
+                    }
+                    return;
+                }
                 let rejected = acceptance == gossipsub::MessageAcceptance::Reject;
                 self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
                     &message_id,
@@ -438,6 +461,18 @@ impl EventLoop {
             }
             Verdict::FetchList { from, publisher } => self.handle(Event::ListUnknown { from, publisher }),
             Verdict::Fetch { from, publisher, ids } => self.handle(Event::Missing { from, publisher, ids }),
+        }
+    }
+
+    /// Has gossipsub forward the heartbeats accepted since the last tick.
+    fn forward_held(&mut self) {
+        let gossipsub = &mut self.swarm.behaviour_mut().gossipsub;
+        for (message_id, source) in self.held.drain(..) {
+            gossipsub.report_message_validation_result(
+                &message_id,
+                &source,
+                gossipsub::MessageAcceptance::Accept,
+            );
         }
     }
 
@@ -567,6 +602,7 @@ impl EventLoop {
                     message_id: message_id.clone(),
                     source: propagation_source,
                     data: message.data,
+                    heartbeat: (message.topic == self.heartbeats.hash()).then(std::time::Instant::now),
                 };
                 if !self.ingest.gossip(gossip) {
                     self.counters.update(|c| c.dropped_overload += 1);
@@ -615,6 +651,42 @@ impl EventLoop {
                 self.on_sync_failure(peer, request_id, &error);
             }
             _ => {}
+        }
+    }
+}
+
+/// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's, and only
+/// if it came in (`heartbeat`: when the event loop took it) less than a tick before `now`. One that
+/// waited longer in this node (a busy ingest worker) goes on at once, so holding never adds to a delay.
+fn holds_forward(
+    heartbeat: Option<std::time::Instant>,
+    acceptance: &gossipsub::MessageAcceptance,
+    now: std::time::Instant,
+) -> bool {
+    *acceptance == gossipsub::MessageAcceptance::Accept
+        && heartbeat.is_some_and(|taken| now.saturating_duration_since(taken) < FORWARD_TICK)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use libp2p::gossipsub::MessageAcceptance::{Accept, Ignore, Reject};
+
+    use super::*;
+
+    #[test]
+    fn only_an_accepted_heartbeat_that_came_in_within_a_tick_waits_for_its_forward() {
+        let taken = Instant::now();
+        let soon = taken + FORWARD_TICK / 2;
+        assert!(holds_forward(Some(taken), &Accept, soon), "a fresh heartbeat waits for the tick");
+        assert!(!holds_forward(None, &Accept, soon), "a card, a removal or a declaration goes at once");
+        assert!(
+            !holds_forward(Some(taken), &Accept, taken + FORWARD_TICK),
+            "a heartbeat that waited a tick in ingest goes at once"
+        );
+        for verdict in [Reject, Ignore] {
+            assert!(!holds_forward(Some(taken), &verdict, soon), "{verdict:?} is reported at once");
         }
     }
 }

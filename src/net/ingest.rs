@@ -74,6 +74,9 @@ pub struct GossipMessage {
     pub message_id: MessageId,
     pub source: PeerId,
     pub data: Vec<u8>,
+    /// When the event loop took it, if it came on the heartbeats topic: once accepted, its forward may
+    /// wait for the loop's next `net::FORWARD_TICK`.
+    pub heartbeat: Option<std::time::Instant>,
 }
 
 /// What the worker asks of the event loop.
@@ -82,27 +85,18 @@ pub enum Verdict {
         message_id: MessageId,
         source: PeerId,
         acceptance: MessageAcceptance,
+        heartbeat: Option<std::time::Instant>,
     },
     /// A heartbeat named cards this node lacks: fetch them (by record id).
-    Fetch {
-        from: PeerId,
-        publisher: PeerId,
-        ids: Vec<RecordId>,
-    },
+    Fetch { from: PeerId, publisher: PeerId, ids: Vec<RecordId> },
     /// A heartbeat carried the digest of an agent list this node does not hold: fetch the list.
-    FetchList {
-        from: PeerId,
-        publisher: PeerId,
-    },
+    FetchList { from: PeerId, publisher: PeerId },
     /// These fetched records were applied (or refused): their fetches are over.
     Settled(Vec<RecordId>),
     /// This node was declared down by someone: send a heartbeat now.
     Refute,
     /// A sync response from this peer held messages that were refused (gossip is judged by its verdicts).
-    Misbehaved {
-        peer: PeerId,
-        rejected: u32,
-    },
+    Misbehaved { peer: PeerId, rejected: u32 },
 }
 
 /// Whose messages this node takes.
@@ -197,8 +191,12 @@ async fn judge_gossip(
     let span = tracing::info_span!("ingest", source = "gossip", messages = gossip.len());
     let acceptances = apply_gossip(registry, gossip, policy, counters, verdicts).instrument(span).await;
     for (message, acceptance) in gossip.drain(..).zip(acceptances) {
-        let verdict =
-            Verdict::Validate { message_id: message.message_id, source: message.source, acceptance };
+        let verdict = Verdict::Validate {
+            message_id: message.message_id,
+            source: message.source,
+            acceptance,
+            heartbeat: message.heartbeat,
+        };
         if verdicts.send(verdict).await.is_err() {
             return false;
         }
@@ -723,6 +721,7 @@ mod tests {
                 message_id: MessageId::new(&[0]),
                 source: relay.public().to_peer_id(),
                 data: data.to_vec(),
+                heartbeat: None,
             };
             let accepted =
                 apply_gossip(&self.registry, &[message], &self.policy, &self.counters, &self.verdicts).await;
@@ -784,6 +783,7 @@ mod tests {
                 message_id: MessageId::new(&(i as u32).to_be_bytes()),
                 source: mallory.public().to_peer_id(),
                 data,
+                heartbeat: None,
             })
             .collect();
         let before = h.registry.snapshot().generation;
@@ -837,8 +837,12 @@ mod tests {
 
         // The same card again, by sync and by gossip, and an older one: nothing new. A newer one is.
         h.sync(relay, &[a.clone(), card_msg(&publisher, "a", 0)], Vec::new()).await;
-        let gossip =
-            |data: Vec<u8>, n: u8| GossipMessage { message_id: MessageId::new(&[n]), source: relay, data };
+        let gossip = |data: Vec<u8>, n: u8| GossipMessage {
+            message_id: MessageId::new(&[n]),
+            source: relay,
+            data,
+            heartbeat: None,
+        };
         let verdicts =
             apply_gossip(&h.registry, &[gossip(a.clone(), 1)], &h.policy, &h.counters, &h.verdicts).await;
         assert_eq!(verdicts, vec![MessageAcceptance::Ignore]);
@@ -1094,7 +1098,12 @@ mod tests {
         let answer = Answer { from, messages: vec![ByteBuf::from(card)], fetched };
         assert!(ingest.answer(answer, tracing::Span::none()), "the answer is queued");
         let beat = wire::seal_heartbeat(&publisher, &HeartbeatBody { sent_at: 1, digest: 0, agents: None });
-        let gossip = GossipMessage { message_id: MessageId::new(&[1]), source: from, data: beat };
+        let gossip = GossipMessage {
+            message_id: MessageId::new(&[1]),
+            source: from,
+            data: beat,
+            heartbeat: Some(std::time::Instant::now()),
+        };
         assert!(ingest.gossip(gossip), "the heartbeat is queued");
         let (_dir, worker, mut rx) = start_worker(inbox, 16);
         let mut order = Vec::new();
@@ -1124,7 +1133,12 @@ mod tests {
         for n in 0..queued {
             let body = HeartbeatBody { sent_at: n as u64 + 1, digest: 0, agents: None };
             let data = wire::seal_heartbeat(&publisher, &body);
-            let message = GossipMessage { message_id: MessageId::new(&n.to_be_bytes()), source: from, data };
+            let message = GossipMessage {
+                message_id: MessageId::new(&n.to_be_bytes()),
+                source: from,
+                data,
+                heartbeat: Some(std::time::Instant::now()),
+            };
             assert!(ingest.gossip(message), "gossip {n} is queued");
         }
         let asked = record_id(&publisher.public().to_peer_id(), "a", 1);

@@ -144,12 +144,13 @@ enum Ev {
         wire: Wire,
         epoch: u32,
     },
-    /// A message done being processed at `node` (the ingest worker's queue).
+    /// A message done being processed at `node` (the ingest worker's queue), which it took at `taken`.
     Process {
         node: usize,
         from: usize,
         wire: Wire,
         epoch: u32,
+        taken: T,
     },
     DialFailed {
         node: usize,
@@ -965,9 +966,9 @@ impl Sim {
                 }
                 self.deliver(from, to, wire, epoch);
             }
-            Ev::Process { node, from, wire, epoch } => {
+            Ev::Process { node, from, wire, epoch, taken } => {
                 if self.alive(node, epoch) {
-                    self.process(node, from, wire);
+                    self.process(node, from, wire, taken);
                 }
             }
             Ev::DialFailed { node, peer, epoch } => {
@@ -1130,16 +1131,18 @@ impl Sim {
         let start = self.nodes[node].busy_until.max(self.now);
         self.nodes[node].busy_until = start + cost;
         let done = (start + cost).max(self.now + self.p.hop_delay);
-        self.at(done, Ev::Process { node, from, wire, epoch });
+        self.at(done, Ev::Process { node, from, wire, epoch, taken: self.now });
     }
 
-    fn process(&mut self, i: usize, from: usize, wire: Wire) {
+    fn process(&mut self, i: usize, from: usize, wire: Wire, taken: T) {
         match wire {
             Wire::Gossip(id) => {
                 let Some((_, payload)) = self.messages.get(&id).cloned() else { return };
                 if self.apply(i, from, &payload) {
-                    // The daemon holds an accepted heartbeat's forward until its next `FORWARD_TICK`.
-                    if matches!(*payload, Payload::Heartbeat { .. }) {
+                    // The daemon holds an accepted heartbeat's forward until its next `FORWARD_TICK`,
+                    // unless it waited that long in the node already (`net::holds_forward`).
+                    let fresh = self.now - taken < us(FORWARD_TICK);
+                    if fresh && matches!(*payload, Payload::Heartbeat { .. }) {
                         self.nodes[i].held.push((from, id));
                     } else {
                         self.forward(i, from, id);

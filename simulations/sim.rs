@@ -33,7 +33,7 @@ use std::time::Instant;
 use agentmesh::card::reported::Reported;
 use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER, MAX_UNANNOUNCED};
 use agentmesh::net::{
-    DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
+    holds_forward, DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
     HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
     PING_TIMEOUT, SYNC_INTERVAL,
 };
@@ -43,6 +43,7 @@ use agentmesh::proto::records::{self, Admission, Limits, RecordKey, Records};
 use agentmesh::proto::state::{self, Action, Event, Request, RequestId, State};
 use agentmesh::registry::health::{Health, Thresholds};
 use agentmesh::wire::{self, HeartbeatAgent};
+use libp2p::gossipsub::MessageAcceptance;
 use libp2p::identity::{Keypair, PeerId};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -1139,10 +1140,11 @@ impl Sim {
             Wire::Gossip(id) => {
                 let Some((_, payload)) = self.messages.get(&id).cloned() else { return };
                 if self.apply(i, from, &payload) {
-                    // The daemon holds an accepted heartbeat's forward until its next `FORWARD_TICK`,
-                    // unless it waited that long in the node already (`net::holds_forward`).
-                    let fresh = self.now - taken < us(FORWARD_TICK);
-                    if fresh && matches!(*payload, Payload::Heartbeat { .. }) {
+                    // The daemon's rule: an accepted heartbeat's forward waits for the node's next
+                    // `FORWARD_TICK`, unless it waited that long in the node already.
+                    let waited = matches!(*payload, Payload::Heartbeat { .. })
+                        .then(|| std::time::Duration::from_micros(self.now - taken));
+                    if holds_forward(waited, &MessageAcceptance::Accept) {
                         self.nodes[i].held.push((from, id));
                     } else {
                         self.forward(i, from, id);

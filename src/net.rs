@@ -436,7 +436,7 @@ impl EventLoop {
     fn on_verdict(&mut self, verdict: Verdict) {
         match verdict {
             Verdict::Validate { message_id, source, acceptance, heartbeat } => {
-                if holds_forward(heartbeat, &acceptance, std::time::Instant::now()) {
+                if holds_forward(heartbeat.map(|taken| taken.elapsed()), &acceptance) {
                     self.held.push((message_id, source));
                     if self.held.len() >= MAX_HELD_FORWARDS {
                         self.forward_held();
@@ -655,38 +655,31 @@ impl EventLoop {
     }
 }
 
-/// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's, and only
-/// if it came in (`heartbeat`: when the event loop took it) less than a tick before `now`. One that
-/// waited longer in this node (a busy ingest worker) goes on at once, so holding never adds to a delay.
-fn holds_forward(
-    heartbeat: Option<std::time::Instant>,
-    acceptance: &gossipsub::MessageAcceptance,
-    now: std::time::Instant,
-) -> bool {
-    *acceptance == gossipsub::MessageAcceptance::Accept
-        && heartbeat.is_some_and(|taken| now.saturating_duration_since(taken) < FORWARD_TICK)
+/// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's
+/// (`waited`: how long it has been in this node; `None` for any other message), and only if it came in
+/// less than a tick ago. One that waited longer (a busy ingest worker) goes on at once, so holding never
+/// adds to a delay. The simulator applies the same rule.
+pub fn holds_forward(waited: Option<Duration>, acceptance: &gossipsub::MessageAcceptance) -> bool {
+    *acceptance == gossipsub::MessageAcceptance::Accept && waited.is_some_and(|waited| waited < FORWARD_TICK)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use libp2p::gossipsub::MessageAcceptance::{Accept, Ignore, Reject};
 
     use super::*;
 
     #[test]
     fn only_an_accepted_heartbeat_that_came_in_within_a_tick_waits_for_its_forward() {
-        let taken = Instant::now();
-        let soon = taken + FORWARD_TICK / 2;
-        assert!(holds_forward(Some(taken), &Accept, soon), "a fresh heartbeat waits for the tick");
-        assert!(!holds_forward(None, &Accept, soon), "a card, a removal or a declaration goes at once");
+        let soon = Some(FORWARD_TICK / 2);
+        assert!(holds_forward(soon, &Accept), "a fresh heartbeat waits for the tick");
+        assert!(!holds_forward(None, &Accept), "a card, a removal or a declaration goes at once");
         assert!(
-            !holds_forward(Some(taken), &Accept, taken + FORWARD_TICK),
+            !holds_forward(Some(FORWARD_TICK), &Accept),
             "a heartbeat that waited a tick in ingest goes at once"
         );
         for verdict in [Reject, Ignore] {
-            assert!(!holds_forward(Some(taken), &verdict, soon), "{verdict:?} is reported at once");
+            assert!(!holds_forward(soon, &verdict), "{verdict:?} is reported at once");
         }
     }
 }

@@ -103,6 +103,26 @@ def active(daemon):
     return records(daemon).get("active", 0)
 
 
+def mesh_arguments(ap, publishers, timeout):
+    """The options of a script that starts a mesh of publishers (`start_mesh`) on `populate`d data."""
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--populate-bin", required=True)
+    ap.add_argument("--publishers", type=int, default=publishers)
+    ap.add_argument("--agents", type=int, default=10_000)
+    ap.add_argument("--timeout", type=float, default=timeout)
+
+
+def wait_full_view(daemons, agents, timeout, what="the mesh"):
+    """Waits until every one of `daemons` holds `agents` agents `active`, polling once a second (each
+    status answer costs its daemon CPU); the seconds it took. Exits the script after `timeout` seconds."""
+    started = time.time()
+    while any(active(d) < agents for d in daemons):
+        if time.time() - started > timeout:
+            raise SystemExit(f"{what}: no full view within {timeout} s")
+        time.sleep(1.0)
+    return time.time() - started
+
+
 def populate(populate_bin, work, agents, publishers):
     """`agents` split over `publishers` data directories under `work` (`publisher-0` takes the first share),
     each written by the discovery bench's `--populate` with a key of its own; returns their paths."""

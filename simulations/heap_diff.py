@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, active, populate
+from daemon import Daemon, mesh_arguments, populate, wait_full_view
 
 # Frames that say where memory was asked for only in general: allocation, collections, futures, the runtime.
 PLUMBING = ("/rustc", "alloc.rs", "boxed.rs", "raw_vec", "vec/mod.rs", "sync.rs", "function.rs",
@@ -98,12 +98,8 @@ def call_site(stack, depth=3):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--populate-bin", required=True)
-    ap.add_argument("--publishers", type=int, default=10)
-    ap.add_argument("--agents", type=int, default=10_000)
+    mesh_arguments(ap, publishers=10, timeout=400)
     ap.add_argument("--settle", type=float, default=45)
-    ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--traced", type=int, default=-1,
                     help="which publisher runs under heaptrack, in their start order (-1: the last)")
@@ -132,11 +128,7 @@ def main():
                         daemons.append(daemon)
             else:
                 member = Daemon(traced(binary, out, work), dirs[k], ["--bootstrap", daemons[0].addr()])
-            deadline = time.time() + opts.timeout
-            while any(active(d) < opts.agents for d in daemons + [member]) and time.time() < deadline:
-                time.sleep(1.0)
-            if time.time() >= deadline:
-                raise SystemExit(f"{phase}: no full view within {opts.timeout} s")
+            wait_full_view(daemons + [member], opts.agents, opts.timeout, phase)
             time.sleep(opts.settle)
             kill(binary, dirs[k])
             member.proc.wait()

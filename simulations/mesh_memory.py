@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, active, populate, rss_mb
+from daemon import Daemon, mesh_arguments, populate, rss_mb, wait_full_view
 
 
 def spread(values):
@@ -31,13 +31,9 @@ def spread(values):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--populate-bin", required=True)
-    ap.add_argument("--publishers", type=int, default=50)
-    ap.add_argument("--agents", type=int, default=10_000)
+    mesh_arguments(ap, publishers=50, timeout=400)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--every", type=float, default=15)
-    ap.add_argument("--timeout", type=float, default=400)
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-memory-")
@@ -49,11 +45,8 @@ def main():
         for d in dirs[1:]:
             members.append(Daemon(opts.bin, d, ["--bootstrap", addr]))
         started = time.time()
-        while any(active(m) < opts.agents for m in members):
-            if time.time() - started > opts.timeout:
-                raise SystemExit(f"no full view within {opts.timeout} s")
-            time.sleep(1.0)
-        print(f"{opts.publishers} publishers, {opts.agents} agents: full view {time.time() - started:.1f} s "
+        took = wait_full_view(members, opts.agents, opts.timeout)
+        print(f"{opts.publishers} publishers, {opts.agents} agents: full view {took:.1f} s "
               "after the last started", flush=True)
         print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB)")
         for _ in range(opts.samples):
@@ -67,9 +60,8 @@ def main():
         print(f"least live (start order, MB): {show(order[:5])}; most: {show(reversed(order[-5:]))}", flush=True)
         members[0].stop()
         members[0] = Daemon(opts.bin, dirs[0], ["--bootstrap", members[1].addr()])
-        again = time.time()
-        while active(members[0]) < opts.agents and time.time() - again < opts.timeout:
-            time.sleep(1.0)
+        wait_full_view(members[:1], opts.agents, opts.timeout, "the restarted member")
+        # As long as the others had between their full view and their first sample, and more.
         time.sleep(30)
         print(f"restarted on its data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
               f"resident {rss_mb(members[0].proc.pid):.1f} MB", flush=True)

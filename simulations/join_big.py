@@ -31,7 +31,8 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, active, cpu_ticks, machine_ticks, populate, records, rss_mb, status_mb
+from daemon import (Daemon, active, cpu_ticks, machine_ticks, mesh_arguments, populate, records, rss_mb,
+                    status_mb)
 
 
 def idle_share(seconds):
@@ -57,12 +58,8 @@ def at_rest(daemons, seconds):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--populate-bin", required=True)
-    ap.add_argument("--agents", type=int, default=10_000)
-    ap.add_argument("--publishers", type=int, default=1)
+    mesh_arguments(ap, publishers=1, timeout=300)
     ap.add_argument("--joiners", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--rest", type=float, default=0,
                     help="seconds of the mesh at rest measured after its full view (publishers > 1)")
     ap.add_argument("--restart", type=int, default=0,

@@ -82,7 +82,14 @@ async fn a_capability_registered_on_one_node_is_found_by_what_it_does_on_another
     let (_, body) = b.get("/api/v1/discovery/search?q=email&kind=reasoner&min_relevance=0").await;
     assert!(body["results"].as_array().unwrap().iter().all(|r| r["kind"] == "reasoner"), "{body}");
 
-    // The same request twice gives the same answer.
+    // The same request twice gives the same answer. Health is part of a result and moves on its own when
+    // the publisher's first heartbeat reaches b, so the two requests wait for it first.
+    b.wait_for("the publisher's heartbeat on b", || async {
+        let (_, body) = b.get("/api/v1/discovery/search?q=weather%20email&limit=10&min_relevance=0").await;
+        let results = body["results"].as_array()?.clone();
+        (results.len() >= 4 && results.iter().all(|r| r["health_status"] == "active")).then_some(())
+    })
+    .await;
     let (_, one) = b.get("/api/v1/discovery/search?q=weather%20email&limit=10&min_relevance=0").await;
     let (_, two) = b.get("/api/v1/discovery/search?q=weather%20email&limit=10&min_relevance=0").await;
     assert_eq!(one["results"], two["results"]);

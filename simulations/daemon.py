@@ -12,10 +12,13 @@ START_DEADLINE = 120
 
 
 class Daemon:
-    def __init__(self, binary, data_dir, extra):
+    def __init__(self, binary, data_dir, extra, log=None, rust_log="warn,agentmesh::node=info"):
+        """`log`: a path where the daemon's JSON log lines go (else they are read and dropped), with
+        `rust_log` as its filter."""
         args = [binary, "run", "--http", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
                 "--log-format", "json", "--data-dir", data_dir] + extra
-        env = dict(os.environ, RUST_LOG="warn,agentmesh::node=info")
+        env = dict(os.environ, RUST_LOG=rust_log)
+        self._log = open(log, "w") if log else None
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
         # A reader thread drains stderr for the daemon's whole life, so it never blocks on a full pipe,
         # and the wait for "node started" has a deadline even if the daemon prints nothing.
@@ -35,6 +38,8 @@ class Daemon:
                 event = json.loads(line)
             except ValueError:
                 continue
+            if self._log:
+                self._log.write(line)
             if event.get("message") == "node started":
                 self.http = "http://" + event["http_addr"]
                 self.peer_id = event["peer_id"]
@@ -43,8 +48,11 @@ class Daemon:
         threading.Thread(target=self._discard, daemon=True).start()
 
     def _discard(self):
-        while self._lines.get() is not None:
-            pass
+        while (line := self._lines.get()) is not None:
+            if self._log:
+                self._log.write(line)
+        if self._log:
+            self._log.close()
 
     def get(self, path):
         with urllib.request.urlopen(self.http + path, timeout=10) as r:

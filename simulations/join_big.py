@@ -3,7 +3,7 @@
 
     simulations/join_big.py --bin target/release/agentmesh --populate-bin PATH_TO_DISCOVERY_BENCH \
         [--agents 10000] [--publishers 1] [--joiners 3] [--timeout 300] [--settle 15] \
-        [--rest SECONDS] [--restart K]
+        [--rest SECONDS] [--restart K] [--joiner-log FILE]
 
 With `--publishers P` the agents are split over P publishers (each its own data directory and key),
 the others bootstrapping to the first; the script waits until every publisher holds every agent
@@ -25,6 +25,7 @@ count. Exits non-zero if a joiner does not get there, or if anyone was banned or
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -33,6 +34,38 @@ import time
 
 from daemon import (Daemon, active, cpu_ticks, machine_ticks, mesh_arguments, populate, records, rss_mb,
                     status_mb)
+
+
+# What `--joiner-log` records: the ingest worker's "sync answer applied" lines (`open_us`, `apply_us`)
+# and the event loop's "sync answer" lines (records, when each answer came).
+JOINER_LOG_FILTER = "warn,agentmesh::node=info,agentmesh::net::ingest=debug,agentmesh::net::sync=debug"
+
+
+def answers_applied(path, started):
+    """The sync answers of cards the joiner applied, from its `--joiner-log`: how many, when the first and
+    the last were applied (seconds after the joiner started), and the median time to open (check and
+    decode) and to apply one."""
+    applied = []
+    with open(path) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("message") == "sync answer applied" and event.get("messages", 0) > 1:
+                at = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+                applied.append((at - started, event["messages"], event["open_us"], event["apply_us"]))
+    if not applied:
+        return {"answers": 0}
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return {
+        "answers": len(applied),
+        "messages": sum(a[1] for a in applied),
+        "first_applied_s": round(applied[0][0], 3),
+        "last_applied_s": round(applied[-1][0], 3),
+        "open_ms_median": round(median([a[2] for a in applied]) / 1000, 1),
+        "apply_ms_median": round(median([a[3] for a in applied]) / 1000, 1),
+    }
 
 
 def idle_share(seconds):
@@ -69,6 +102,9 @@ def main():
                     help="seconds between the publishers' full view and the joiners' start (a late "
                          "joiner finds a mesh at rest: each publisher reopens its store some seconds "
                          "after its own catch-up)")
+    ap.add_argument("--joiner-log", help="write the first joiner's log to FILE, with each sync answer it "
+                                         "applies (its size, and how long opening and applying it took) "
+                                         "and each answer it receives")
     opts = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="agentmesh-join-")
@@ -139,7 +175,9 @@ def main():
             result["machine_idle_before_join"] = round(idle_share(3.0), 2)
         joiners = []
         for i in range(opts.joiners):
-            j = Daemon(opts.bin, os.path.join(work, f"joiner-{i}"), ["--bootstrap", addr])
+            log = opts.joiner_log if i == 0 else None
+            j = Daemon(opts.bin, os.path.join(work, f"joiner-{i}"), ["--bootstrap", addr], log=log,
+                       rust_log=JOINER_LOG_FILTER if log else "warn,agentmesh::node=info")
             j.rss_start = rss_mb(j.proc.pid)
             j.started = time.time()
             j.done = None
@@ -160,6 +198,8 @@ def main():
                         j.done = at
             time.sleep(0.05)
         result["first_joiner_timeline"] = timeline
+        if opts.joiner_log:
+            result["first_joiner_answers"] = answers_applied(opts.joiner_log, joiners[0].started)
         ok = True
         for i, j in enumerate(joiners):
             s = j.status()

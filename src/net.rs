@@ -635,7 +635,15 @@ impl EventLoop {
             }
             BehaviourEvent::Sync(request_response::Event::Message { peer, message, .. }) => match message {
                 request_response::Message::Request { request, channel, .. } => {
+                    let (kind, started) = (request.kind(), std::time::Instant::now());
                     let response = self.answer(request);
+                    tracing::debug!(
+                        %peer,
+                        kind,
+                        records = response.cards.len(),
+                        took_us = started.elapsed().as_micros() as u64,
+                        "sync question answered"
+                    );
                     let _ = self.swarm.behaviour_mut().sync.send_response(channel, response);
                 }
                 request_response::Message::Response { request_id, response } => {

@@ -57,6 +57,17 @@ use crate::proto::state::{Event, Request};
 use crate::registry::Snapshot;
 
 impl SyncRequest {
+    /// What is asked, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SyncRequest::Reconcile(_) => "reconcile",
+            SyncRequest::Fetch(_) => "fetch",
+            SyncRequest::List { .. } => "list",
+            SyncRequest::Reach { .. } => "reach",
+            SyncRequest::Heartbeats => "heartbeats",
+        }
+    }
+
     fn from_request(request: Request) -> Self {
         match request {
             Request::Reconcile(frame) => SyncRequest::Reconcile(frame.into()),

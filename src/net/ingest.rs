@@ -136,43 +136,145 @@ pub async fn run(
     counters: Arc<Counters>,
     policy: Policy,
 ) {
+    let policy = Arc::new(policy);
     let mut gossip: Vec<GossipMessage> = Vec::with_capacity(INGEST_BATCH);
+    // The next sync answer, opened (parsed, its signatures checked, its cards decoded) on blocking
+    // threads while the worker judges gossip or applies the answer before it: a node catching up spends
+    // about as long opening an answer as applying one, so the two overlap instead of taking turns.
+    let mut opening: Option<Opening> = None;
     loop {
+        if opening.is_none() {
+            if let Ok(answer) = inbox.answers.try_recv() {
+                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+            }
+        }
         // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
         // heartbeat waits at most for the one answer being applied. Behind a catch-up's queue of answers
         // (seconds of work on a busy node), the heartbeats that keep records alive arrived late enough for
-        // those records to turn `degraded` until they were read. Then one answer, if one waits, before
-        // more gossip: a steady stream of gossip never holds the answers back. Gossip that came before an
-        // answer is still applied before it; cards and removals that meet out of order are settled by
-        // their seqs.
-        let answer = tokio::select! {
+        // those records to turn `degraded` until they were read. Then the answer being opened, if any,
+        // before more gossip: a steady stream of gossip never holds the answers back. Gossip that came
+        // before an answer is still applied before it; cards and removals that meet out of order are
+        // settled by their seqs.
+        let next = tokio::select! {
             biased;
             n = inbox.gossip.recv_many(&mut gossip, INGEST_BATCH) => {
                 if n == 0 {
                     return;
                 }
-                inbox.answers.try_recv().ok()
+                Next::Gossip
             }
-            answer = inbox.answers.recv() => match answer {
-                Some(answer) => {
-                    // The gossip queued while the worker waited goes first.
-                    while gossip.len() < INGEST_BATCH {
-                        let Ok(message) = inbox.gossip.try_recv() else { break };
-                        gossip.push(message);
-                    }
-                    Some(answer)
-                }
+            opened = Opening::finished(&mut opening) => Next::Opened(opened),
+            answer = inbox.answers.recv(), if opening.is_none() => match answer {
+                Some(answer) => Next::Answer(answer),
                 None => return,
             },
+        };
+        let opened = match next {
+            Next::Answer(answer) => {
+                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+                continue;
+            }
+            Next::Gossip => match opening.take() {
+                Some(waiting) => Some(waiting.wait().await),
+                None => None,
+            },
+            Next::Opened(opened) => {
+                opening = None;
+                // The gossip queued while the answer was opened goes first.
+                while gossip.len() < INGEST_BATCH {
+                    let Ok(message) = inbox.gossip.try_recv() else { break };
+                    gossip.push(message);
+                }
+                Some(opened)
+            }
         };
         if !judge_gossip(&registry, &mut gossip, &policy, &counters, &verdicts).await {
             return;
         }
-        if let Some((answer, span)) = answer {
-            // A child of the sync exchange that brought the messages, so a log follows both.
-            let span = tracing::info_span!(parent: &span, "ingest", from = %answer.from, source = "sync", messages = answer.messages.len());
-            apply_signed(&registry, answer, &policy, &counters, &verdicts).instrument(span).await;
+        if let Some(opened) = opened {
+            // The answer after it is opened while this one is applied.
+            if let Ok(answer) = inbox.answers.try_recv() {
+                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+            }
+            let span = opened.span.clone();
+            apply_opened(&registry, opened, &policy, &counters, &verdicts).instrument(span).await;
         }
+    }
+}
+
+/// What woke the worker.
+enum Next {
+    Gossip,
+    Answer((Answer, tracing::Span)),
+    Opened(Opened),
+}
+
+/// A sync answer being opened on a blocking thread ([`open_answer`]), with what its application needs
+/// whatever the opening's fate.
+struct Opening {
+    from: PeerId,
+    fetched: Vec<RecordId>,
+    span: tracing::Span,
+    started: std::time::Instant,
+    task: tokio::task::JoinHandle<OpenedMessages>,
+}
+
+impl Opening {
+    fn start(
+        (answer, exchange): (Answer, tracing::Span),
+        registry: &Registry,
+        policy: &Arc<Policy>,
+        counters: &Arc<Counters>,
+    ) -> Self {
+        let Answer { from, messages, fetched } = answer;
+        // A child of the sync exchange that brought the messages, so a log follows both.
+        let span = tracing::info_span!(parent: &exchange, "ingest", %from, source = "sync", messages = messages.len());
+        let (snapshot, policy, counters) = (registry.snapshot(), policy.clone(), counters.clone());
+        let in_span = span.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            in_span.in_scope(|| open_answer(from, messages, &snapshot, &policy, &counters))
+        });
+        Self { from, fetched, span, started: std::time::Instant::now(), task }
+    }
+
+    /// The answer once opened.
+    async fn wait(mut self) -> Opened {
+        let messages = (&mut self.task).await;
+        self.into_opened(messages)
+    }
+
+    /// Waits for the answer being opened, if any (never ready otherwise). Polled by reference, so a
+    /// select that takes another branch leaves the opening whole.
+    async fn finished(opening: &mut Option<Opening>) -> Opened {
+        match opening.as_mut() {
+            Some(waiting) => {
+                let messages = (&mut waiting.task).await;
+                // Nothing is awaited from here on: a select that drops this future has taken nothing.
+                let Opening { from, fetched, span, started, .. } = waiting;
+                Opening::opened(*from, std::mem::take(fetched), span.clone(), *started, messages)
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn into_opened(self, messages: Result<OpenedMessages, tokio::task::JoinError>) -> Opened {
+        Self::opened(self.from, self.fetched, self.span, self.started, messages)
+    }
+
+    /// A panic while opening (ruled out by the fuzz targets) drops the answer's messages: the records
+    /// it was asked for are settled all the same, so they are asked for again.
+    fn opened(
+        from: PeerId,
+        fetched: Vec<RecordId>,
+        span: tracing::Span,
+        started: std::time::Instant,
+        messages: Result<OpenedMessages, tokio::task::JoinError>,
+    ) -> Opened {
+        let messages = messages.unwrap_or_else(|error| {
+            tracing::error!(%from, %error, "opening a sync answer failed; its records are asked for again");
+            OpenedMessages::default()
+        });
+        Opened { from, fetched, span, started, messages }
     }
 }
 
@@ -281,28 +383,44 @@ pub struct Answer {
     pub fetched: Vec<RecordId>,
 }
 
-/// Applies a sync response: every signature checked in one batch, the cards applied in one batch (one
-/// view update and one store batch for hundreds of cards), the chunks of a long agent list together
-/// once all are there, anything else one by one. Each message is read once; a card of a version held
-/// already is dropped unchecked, and every record the answer was asked for is settled.
-async fn apply_signed(
-    registry: &Registry,
-    answer: Answer,
+/// A sync answer's messages, opened: each with its raw bytes (a list chunk is kept signed), or refused
+/// before it was applied; with those refused at parse and those held already counted.
+#[derive(Default)]
+struct OpenedMessages {
+    opened: Vec<(Result<wire::Verified, Refusal>, ByteBuf)>,
+    rejected: u32,
+    repeated: usize,
+    /// How long opening them took.
+    took: std::time::Duration,
+}
+
+/// A sync answer ready to be applied.
+struct Opened {
+    from: PeerId,
+    fetched: Vec<RecordId>,
+    span: tracing::Span,
+    /// When its opening started.
+    started: std::time::Instant,
+    messages: OpenedMessages,
+}
+
+/// Opens a sync answer's messages, the part of its work that needs no lock: every signature checked in
+/// one batch per core, the cards decoded. A card of a version `snapshot` holds already is dropped
+/// unchecked; so is a message that does not parse (counted against `from`).
+fn open_answer(
+    from: PeerId,
+    messages: Vec<ByteBuf>,
+    snapshot: &Snapshot,
     policy: &Policy,
     counters: &Counters,
-    verdicts: &mpsc::Sender<Verdict>,
-) {
-    let Answer { from, messages, fetched } = answer;
+) -> OpenedMessages {
     let started = std::time::Instant::now();
-    let count = messages.len();
-    let mut rejected = 0u32;
-    let mut repeated = 0usize;
+    let (mut rejected, mut repeated) = (0u32, 0usize);
     let mut parsed = Vec::with_capacity(messages.len());
     let mut raw = Vec::with_capacity(messages.len());
-    let snapshot = registry.snapshot();
     for message in messages {
         match wire::parse(&message) {
-            Ok(sealed) if held_already(&sealed, &snapshot) => repeated += 1,
+            Ok(sealed) if held_already(&sealed, snapshot) => repeated += 1,
             Ok(sealed) => {
                 parsed.push(sealed);
                 raw.push(message);
@@ -313,14 +431,30 @@ async fn apply_signed(
             }
         }
     }
-    let mut cards = Vec::with_capacity(parsed.len());
+    let opened = open_all(parsed, policy).into_iter().zip(raw).collect();
+    OpenedMessages { opened, rejected, repeated, took: started.elapsed() }
+}
+
+/// Applies an opened sync response: the cards in one batch (one view update and one store batch for
+/// hundreds of cards), the chunks of a long agent list together once all are there, anything else one
+/// by one. Every record the answer was asked for is settled.
+async fn apply_opened(
+    registry: &Registry,
+    answer: Opened,
+    policy: &Policy,
+    counters: &Counters,
+    verdicts: &mpsc::Sender<Verdict>,
+) {
+    let Opened { from, fetched, span: _, started, messages } = answer;
+    let applying = std::time::Instant::now();
+    let OpenedMessages { opened, mut rejected, repeated, took } = messages;
+    let count = opened.len() + rejected as usize + repeated;
+    let mut cards = Vec::with_capacity(opened.len());
     let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
     // Publishers whose heartbeat named a list not held: asked for once the whole answer is in, since
     // the answer may carry that list after the heartbeat (the answer to `Heartbeats` does).
     let mut unknown_lists: Vec<PeerId> = Vec::new();
-    let opened = open_all(parsed, policy);
-    let opened_at = started.elapsed();
-    for (opened, message) in opened.into_iter().zip(raw) {
+    for (opened, message) in opened {
         let verified = match opened {
             Ok(verified) => verified,
             Err(refusal) => {
@@ -388,8 +522,10 @@ async fn apply_signed(
         messages = count,
         repeated,
         rejected,
-        open_us = opened_at.as_micros() as u64,
-        apply_us = (started.elapsed() - opened_at).as_micros() as u64,
+        open_us = took.as_micros() as u64,
+        // From the opening's start to the application's, less the opening: the worker was busy.
+        waited_us = (applying - started).saturating_sub(took).as_micros() as u64,
+        apply_us = applying.elapsed().as_micros() as u64,
         "sync answer applied"
     );
     if rejected > 0 {
@@ -731,8 +867,10 @@ mod tests {
         /// A sync answer from `from` holding `messages`, answering a fetch of `fetched`.
         async fn sync(&self, from: PeerId, messages: &[Vec<u8>], fetched: Vec<RecordId>) {
             let messages = messages.iter().map(|m| ByteBuf::from(m.clone())).collect();
-            let answer = Answer { from, messages, fetched };
-            apply_signed(&self.registry, answer, &self.policy, &self.counters, &self.verdicts).await;
+            let opened = open_answer(from, messages, &self.registry.snapshot(), &self.policy, &self.counters);
+            let (span, started) = (tracing::Span::none(), std::time::Instant::now());
+            let answer = Opened { from, fetched, span, started, messages: opened };
+            apply_opened(&self.registry, answer, &self.policy, &self.counters, &self.verdicts).await;
         }
 
         fn view(&self) -> Vec<(String, u64)> {
@@ -1162,6 +1300,39 @@ mod tests {
             "the answer waited for {judged_before} gossip messages of {queued} queued, more than one batch"
         );
         drop((ingest, rx));
+        stops(worker).await;
+    }
+
+    /// Answers queued together are applied in the order they came, each settling what it was asked for,
+    /// although the next is opened while the one before is applied (each also brings a card an answer
+    /// before it brought already).
+    #[tokio::test]
+    async fn answers_are_applied_in_the_order_they_came() {
+        let (ingest, inbox) = queues(16);
+        let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let from = carrier.public().to_peer_id();
+        let author = publisher.public().to_peer_id();
+        let ids: Vec<String> = (0..6).map(|n| format!("agent-{n}")).collect();
+        for id in &ids {
+            let card = card_msg(&publisher, id, 1);
+            let twice = card_msg(&publisher, &ids[0], 1);
+            let answer = Answer {
+                from,
+                messages: vec![ByteBuf::from(twice), ByteBuf::from(card)],
+                fetched: vec![record_id(&author, id, 1)],
+            };
+            assert!(ingest.answer(answer, tracing::Span::none()), "answer for {id} is queued");
+        }
+        let (_dir, worker, mut rx) = start_worker(inbox, 64);
+        let mut settled = Vec::new();
+        while settled.len() < ids.len() {
+            if let Verdict::Settled(records) = next_verdict(&mut rx).await {
+                settled.push(records[0]);
+            }
+        }
+        let expected: Vec<RecordId> = ids.iter().map(|id| record_id(&author, id, 1)).collect();
+        assert_eq!(settled, expected, "settled in the order the answers came");
+        drop(ingest);
         stops(worker).await;
     }
 

@@ -175,7 +175,7 @@ pub async fn run(
                 continue;
             }
             Next::Gossip => match opening.take() {
-                Some(waiting) => Some(waiting.wait().await),
+                Some(mut waiting) => Some(waiting.finish().await),
                 None => None,
             },
             Next::Opened(opened) => {
@@ -237,44 +237,26 @@ impl Opening {
         Self { from, fetched, span, started: std::time::Instant::now(), task }
     }
 
-    /// The answer once opened.
-    async fn wait(mut self) -> Opened {
-        let messages = (&mut self.task).await;
-        self.into_opened(messages)
-    }
-
-    /// Waits for the answer being opened, if any (never ready otherwise). Polled by reference, so a
-    /// select that takes another branch leaves the opening whole.
-    async fn finished(opening: &mut Option<Opening>) -> Opened {
-        match opening.as_mut() {
-            Some(waiting) => {
-                let messages = (&mut waiting.task).await;
-                // Nothing is awaited from here on: a select that drops this future has taken nothing.
-                let Opening { from, fetched, span, started, .. } = waiting;
-                Opening::opened(*from, std::mem::take(fetched), span.clone(), *started, messages)
-            }
-            None => std::future::pending().await,
-        }
-    }
-
-    fn into_opened(self, messages: Result<OpenedMessages, tokio::task::JoinError>) -> Opened {
-        Self::opened(self.from, self.fetched, self.span, self.started, messages)
-    }
-
-    /// A panic while opening (ruled out by the fuzz targets) drops the answer's messages: the records
-    /// it was asked for are settled all the same, so they are asked for again.
-    fn opened(
-        from: PeerId,
-        fetched: Vec<RecordId>,
-        span: tracing::Span,
-        started: std::time::Instant,
-        messages: Result<OpenedMessages, tokio::task::JoinError>,
-    ) -> Opened {
-        let messages = messages.unwrap_or_else(|error| {
+    /// The answer once opened. Polled by reference, so a select that takes another branch leaves the
+    /// opening whole; nothing is awaited after the task ends. A panic while opening (ruled out by the
+    /// fuzz targets) drops the answer's messages: the records it was asked for are settled all the same,
+    /// so they are asked for again.
+    async fn finish(&mut self) -> Opened {
+        let from = self.from;
+        let messages = (&mut self.task).await.unwrap_or_else(|error| {
             tracing::error!(%from, %error, "opening a sync answer failed; its records are asked for again");
             OpenedMessages::default()
         });
-        Opened { from, fetched, span, started, messages }
+        let (fetched, span) = (std::mem::take(&mut self.fetched), self.span.clone());
+        Opened { from, fetched, span, started: self.started, messages }
+    }
+
+    /// Waits for the answer being opened, if any (never ready otherwise).
+    async fn finished(opening: &mut Option<Opening>) -> Opened {
+        match opening {
+            Some(waiting) => waiting.finish().await,
+            None => std::future::pending().await,
+        }
     }
 }
 

@@ -112,7 +112,8 @@ def active(daemon):
 
 
 def mesh_arguments(ap, publishers, timeout):
-    """The options of a script that starts a mesh of publishers (`start_mesh`) on `populate`d data."""
+    """The options of a script that starts a mesh of publishers on `populate`d data: the binaries, the
+    publishers and agents, and how long to wait for the full view."""
     ap.add_argument("--bin", required=True)
     ap.add_argument("--populate-bin", required=True)
     ap.add_argument("--publishers", type=int, default=publishers)

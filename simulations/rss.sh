@@ -13,7 +13,9 @@
 #   PROFILE=FILE with join or collect: the joiner's catch-up, from its start until it holds every
 #           agent, sampled into FILE (`perf record -F 999 --call-graph dwarf,16384`; read it with
 #           `perf report -i FILE --children`).
-# Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT)
+# Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT;
+#        BIN, a daemon binary to measure instead of building this tree's; POPULATE_BIN, the discovery
+#        bench's binary to populate with, as simulations/join_big.py takes it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,11 +23,14 @@ MODE=${1:-starts}
 AGENTS=${AGENTS:-10000}
 STARTS=${STARTS:-6}
 PORT=${PORT:-18180}
-BIN=target/release/agentmesh
+BIN=${BIN:-}
 # A node holding more local agents than the default limit is configured for them.
 LIMIT=$((AGENTS > 20000 ? AGENTS : 20000))
 
-cargo build --release --quiet
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=target/release/agentmesh
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -35,7 +40,11 @@ cleanup() {
 }
 trap cleanup EXIT
 if [ "$AGENTS" -gt 0 ]; then
-  cargo bench --quiet --bench discovery -- --populate "$work/data" "$AGENTS" >/dev/null
+  if [ -n "${POPULATE_BIN:-}" ]; then
+    "$POPULATE_BIN" --populate "$work/data" "$AGENTS" >/dev/null
+  else
+    cargo bench --quiet --bench discovery -- --populate "$work/data" "$AGENTS" >/dev/null
+  fi
 else
   mkdir -p "$work/data"
 fi

@@ -60,7 +60,7 @@ fn held_already(sealed: &wire::Sealed, snapshot: &Snapshot) -> bool {
     })
 }
 
-/// Sync answers at least this long are opened on every core (below it, starting threads costs more).
+/// Gossip batches at least this long are opened on every core (below it, starting threads costs more).
 const OPEN_IN_PARALLEL_FROM: usize = 32;
 
 /// Queued work taken at once at most. Gossip messages taken together are opened together (their
@@ -387,8 +387,11 @@ struct Opened {
 }
 
 /// Opens a sync answer's messages, the part of its work that needs no lock: every signature checked in
-/// one batch per core, the cards decoded. A card of a version `snapshot` holds already is dropped
-/// unchecked; so is a message that does not parse (counted against `from`).
+/// one batch, the cards decoded. A card of a version `snapshot` holds already is dropped unchecked; so
+/// is a message that does not parse (counted against `from`). On the one thread it runs on: it already
+/// runs beside the worker applying the answer before it, and splitting it over every core as well put
+/// three threads of each node on two cores; a 50-node mesh catching up at once reached the full view
+/// later that way (BENCHMARKS.md, "The full view, commit by commit").
 fn open_answer(
     from: PeerId,
     messages: Vec<ByteBuf>,
@@ -413,7 +416,7 @@ fn open_answer(
             }
         }
     }
-    let opened = open_all(parsed, policy).into_iter().zip(raw).collect();
+    let opened = open_batch(parsed, policy).into_iter().zip(raw).collect();
     OpenedMessages { opened, rejected, repeated, took: started.elapsed() }
 }
 

@@ -45,7 +45,8 @@ class Daemon:
                 self.peer_id = event["peer_id"]
                 break
         self._lines = lines
-        threading.Thread(target=self._discard, daemon=True).start()
+        self._drain = threading.Thread(target=self._discard, daemon=True)
+        self._drain.start()
 
     def _discard(self):
         while (line := self._lines.get()) is not None:
@@ -91,11 +92,13 @@ class Daemon:
         raise SystemExit("no listen address")
 
     def stop(self):
+        """Stops the daemon; once it returns, its log (`log`) holds every line the daemon wrote."""
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self._drain.join(timeout=10)
 
 
 def records(daemon):

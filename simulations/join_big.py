@@ -42,9 +42,10 @@ JOINER_LOG_FILTER = "warn,agentmesh::node=info,agentmesh::net::ingest=debug,agen
 
 
 def answers_applied(path, started):
-    """The sync answers of cards the joiner applied, from its `--joiner-log`: how many, when the first and
-    the last were applied (seconds after the joiner started), and the median time to open (check and
-    decode) and to apply one."""
+    """The fetch answers (cards asked for by id) the joiner applied, from its `--joiner-log`: how many,
+    when the first and the last were applied (seconds after the joiner started), and the median time to
+    open (check and decode) and to apply one. Answers to list, heartbeat and reconciliation questions,
+    which carry no fetched records, are left out."""
     applied = []
     with open(path) as f:
         for line in f:
@@ -52,7 +53,7 @@ def answers_applied(path, started):
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("message") == "sync answer applied" and event.get("messages", 0) > 1:
+            if event.get("message") == "sync answer applied" and event.get("fetched", 0) > 0:
                 at = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
                 applied.append((at - started, event["messages"], event["open_us"], event["apply_us"]))
     if not applied:
@@ -198,8 +199,6 @@ def main():
                         j.done = at
             time.sleep(0.05)
         result["first_joiner_timeline"] = timeline
-        if opts.joiner_log:
-            result["first_joiner_answers"] = answers_applied(opts.joiner_log, joiners[0].started)
         ok = True
         for i, j in enumerate(joiners):
             s = j.status()
@@ -221,6 +220,9 @@ def main():
         # no catch-up buffers), against an empty node.
         j0 = joiners[0]
         j0.stop()
+        if opts.joiner_log:
+            # Read once the joiner has stopped and its log is whole.
+            result["first_joiner_answers"] = answers_applied(opts.joiner_log, j0.started)
         j0 = Daemon(opts.bin, os.path.join(work, "joiner-0"), [])
         daemons.append(j0)
         deadline = time.time() + 60

@@ -433,7 +433,7 @@ async fn apply_opened(
     let Opened { from, fetched, span: _, started, messages } = answer;
     let applying = std::time::Instant::now();
     let OpenedMessages { opened, mut rejected, repeated, took } = messages;
-    let count = opened.len() + rejected as usize + repeated;
+    let (count, asked) = (opened.len() + rejected as usize + repeated, fetched.len());
     let mut cards = Vec::with_capacity(opened.len());
     let mut chunks: HashMap<PeerId, Vec<(wire::ListChunkBody, ByteBuf)>> = HashMap::new();
     // Publishers whose heartbeat named a list not held: asked for once the whole answer is in, since
@@ -505,6 +505,8 @@ async fn apply_opened(
     tracing::debug!(
         %from,
         messages = count,
+        // Records it was asked for by id: a fetch's answer (none for lists, heartbeats, reconciling).
+        fetched = asked,
         repeated,
         rejected,
         open_us = took.as_micros() as u64,

@@ -150,12 +150,12 @@ pub async fn run(
         }
         // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
         // heartbeat waits at most for the one answer being applied and the rest of the next one's opening
-        // (taken before the gossip is judged, so that it is applied next). Behind a catch-up's queue of answers
-        // (seconds of work on a busy node), the heartbeats that keep records alive arrived late enough for
-        // those records to turn `degraded` until they were read. Then the answer being opened, if any,
-        // before more gossip: a steady stream of gossip never holds the answers back. Gossip that came
-        // before an answer is still applied before it; cards and removals that meet out of order are
-        // settled by their seqs.
+        // (taken before the gossip is judged, so that it is applied next). Behind a catch-up's queue of
+        // answers (seconds of work on a busy node), the heartbeats that keep records alive arrived late
+        // enough for those records to turn `degraded` until they were read. Then the answer being opened, if
+        // any, before more gossip: a steady stream of gossip never holds the answers back. Gossip that came
+        // before an answer is still applied before it; cards and removals that meet out of order are settled
+        // by their seqs.
         let next = tokio::select! {
             biased;
             n = inbox.gossip.recv_many(&mut gossip, INGEST_BATCH) => {

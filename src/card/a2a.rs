@@ -81,9 +81,7 @@ pub struct JwsSignature {
 impl JwsSignature {
     /// The decoded protected header.
     pub fn header(&self) -> Result<Value, SignatureError> {
-        let bytes =
-            URL_SAFE_NO_PAD.decode(&self.protected).map_err(|e| SignatureError::Header(e.to_string()))?;
-        serde_json::from_slice(&bytes).map_err(|e| SignatureError::Header(e.to_string()))
+        decode_header(&self.protected)
     }
 
     /// The `kid` of the protected header, if it has one.
@@ -352,15 +350,49 @@ pub fn claim_payload(
     payload: &[u8],
     sig: &JwsSignature,
 ) -> Result<Claim, SignatureError> {
-    let header = sig.header()?;
+    check_header(publisher, &sig.protected)?;
+    let signature = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
+    Ok(Claim { input: signing_input(&sig.protected, payload).into_bytes(), signature })
+}
+
+/// A protected header (base64url of its JSON), decoded.
+fn decode_header(protected: &str) -> Result<Value, SignatureError> {
+    let bytes = URL_SAFE_NO_PAD.decode(protected).map_err(|e| SignatureError::Header(e.to_string()))?;
+    serde_json::from_slice(&bytes).map_err(|e| SignatureError::Header(e.to_string()))
+}
+
+/// Protected headers found acceptable, per thread: for each publisher, the last header that named
+/// EdDSA and that publisher as `kid`. A publisher signs all its cards under the same header, so a mesh
+/// catching up checks each publisher's header once instead of decoding it, parsing its JSON and
+/// writing the publisher's id in base58 for every card. Emptied when it holds this many publishers.
+pub const HEADER_CACHE: usize = 1024;
+
+/// Does the protected header name EdDSA and `publisher` as its `kid`? A pure function of its two
+/// arguments; [`HEADER_CACHE`] remembers the answers that were yes.
+fn check_header(publisher: &PeerId, protected: &str) -> Result<(), SignatureError> {
+    thread_local! {
+        static ACCEPTED: std::cell::RefCell<std::collections::HashMap<PeerId, String>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    let known = ACCEPTED.with(|cache| cache.borrow().get(publisher).is_some_and(|h| h == protected));
+    if known {
+        return Ok(());
+    }
+    let header = decode_header(protected)?;
     if header.get("alg").and_then(Value::as_str) != Some(JWS_ALG) {
         return Err(SignatureError::Algorithm);
     }
     if header.get("kid").and_then(Value::as_str) != Some(publisher.to_base58().as_str()) {
         return Err(SignatureError::KeyId);
     }
-    let signature = URL_SAFE_NO_PAD.decode(&sig.signature).map_err(|_| SignatureError::Invalid)?;
-    Ok(Claim { input: signing_input(&sig.protected, payload).into_bytes(), signature })
+    ACCEPTED.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.len() >= HEADER_CACHE && !cache.contains_key(publisher) {
+            cache.clear();
+        }
+        cache.insert(*publisher, protected.to_owned());
+    });
+    Ok(())
 }
 
 /// What the `signatures` of an A2A card as received cover: the card without them as the A2A model

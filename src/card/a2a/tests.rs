@@ -104,6 +104,35 @@ fn signatures_verify_as_the_publisher_only_and_over_the_view_only() {
 }
 
 #[test]
+fn a_header_accepted_once_is_accepted_for_its_publisher_only() {
+    // The header check remembers the headers it accepted, per publisher: the answers must be the ones a
+    // fresh check gives, whatever was checked before on this thread.
+    let me = key().public().to_peer_id();
+    let other = Keypair::ed25519_from_bytes([4u8; 32]).unwrap().public().to_peer_id();
+    let signed = card().signed(&key());
+    for _ in 0..2 {
+        assert_eq!(signed.verify_a2a(&me), Ok(()));
+        assert_eq!(signed.verify_a2a(&other), Err(SignatureError::KeyId));
+        assert!(matches!(signed.a2a_claim(&other), Err(SignatureError::KeyId)));
+        assert!(matches!(signed.a2a_claim(&me), Ok(Some(_))));
+    }
+    // Another header for a publisher whose header was accepted is checked again, not taken as known.
+    for (header, error) in [
+        (json!({"alg": "none", "kid": me.to_base58()}), SignatureError::Algorithm),
+        (json!({"alg": "EdDSA", "kid": other.to_base58()}), SignatureError::KeyId),
+    ] {
+        let mut changed = signed.clone();
+        changed.a2a_signature.as_mut().unwrap().protected = URL_SAFE_NO_PAD.encode(header.to_string());
+        assert_eq!(changed.verify_a2a(&me), Err(error));
+    }
+    // A header that is not base64 or not JSON is still an error, before and after an accepted one.
+    let mut garbage = signed.clone();
+    garbage.a2a_signature.as_mut().unwrap().protected = "!!".into();
+    assert!(matches!(garbage.verify_a2a(&me), Err(SignatureError::Header(_))));
+    assert_eq!(signed.verify_a2a(&me), Ok(()));
+}
+
+#[test]
 fn canonical_form_follows_rfc_8785() {
     let value: Value =
         serde_json::from_str(r#"{"b":[1.0,1e21,0.000001,"é\u0001"],"a":{"z":null,"€":1,"a":true}}"#).unwrap();

@@ -11,6 +11,8 @@ earlier node chosen at random), wait until the mesh is up, then measure
     after every node holds every agent, once the heartbeats that carry changed agent lists are past), with
     AGENTS agents registered across the mesh (ss -tinp).
 Writes JSON to simulations/results/mesh-<N>.json and prints a Markdown summary.
+With --preload it also reports what each node spent until every node held every agent: CPU seconds and
+the bytes its system calls read and wrote (/proc/PID/io: sockets, store and card files alike).
 
 Convergence is timed from each node's own log ("card applied", debug level of target agentmesh::apply),
 so that no polling loads the machine while it is measured. Detection polls every node's HTTP API.
@@ -188,6 +190,25 @@ def total(n):
     return (http("GET", n.http + "/api/v1/agents?limit=0")[1] or {}).get("total", 0)
 
 
+def io_bytes(pid):
+    """(bytes read, bytes written) by a process's system calls, sockets and files alike (/proc/PID/io:
+    `rchar`, `wchar`)."""
+    with open(f"/proc/{pid}/io") as f:
+        fields = dict(line.split(":") for line in f)
+    return int(fields["rchar"]), int(fields["wchar"])
+
+
+def catch_up(nodes):
+    """What each node spent from its start until every node held every agent: CPU seconds, and bytes
+    read and written (its sockets, plus its store's files and its card files), min / median / max."""
+    cpu = [cpu_ticks(n.proc.pid) / os.sysconf("SC_CLK_TCK") for n in nodes]
+    io = [io_bytes(n.proc.pid) for n in nodes]
+    spread = lambda xs: {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2),
+                         "max": round(max(xs), 2)}
+    return {"cpu_s": spread(cpu), "all_nodes_cpu_s": round(sum(cpu), 1),
+            "read_mb": spread([r / 1e6 for r, _ in io]), "written_mb": spread([w / 1e6 for _, w in io])}
+
+
 def bench(size, agents, rounds, quiet_seconds, workdir, preload):
     nodes = [Node(i, workdir) for i in range(size)]
     if preload:
@@ -211,6 +232,7 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
         # every agent (anti-entropy and list pulls only), counted from the first node's start.
         wait_until("preloaded agents everywhere", lambda: all(total(n) >= agents for n in nodes), deadline=900)
         result["preload_full_view_s"] = time.monotonic() - t_start
+        result["catch_up_per_node"] = catch_up(nodes)
     for n in nodes:
         wait_until(f"node {n.index} meshed", lambda n=n: meshed(n), deadline=300)
     time.sleep(3)  # let gossipsub fill its meshes (heartbeats every 0.5 s)
@@ -318,6 +340,10 @@ def main():
         if "preload_full_view_s" in result:
             print(f"- {args.agents} agents from card files: every node holds all of them "
                   f"{result['preload_full_view_s']:.1f} s after the first node started")
+            c = result["catch_up_per_node"]
+            print(f"- until then, per node: CPU {c['cpu_s']['median']:.2f} s median ({c['cpu_s']['min']:.2f}-"
+                  f"{c['cpu_s']['max']:.2f}; all nodes {c['all_nodes_cpu_s']:.0f} s), read "
+                  f"{c['read_mb']['median']:.1f} MB, written {c['written_mb']['median']:.1f} MB (median)")
         print(f"- card on every node: max {max(c['all'] for c in conv)*1e3:.0f} ms, "
               f"median of rounds {statistics.median(c['all'] for c in conv)*1e3:.0f} ms "
               f"(per-node p50 {statistics.median(c['p50'] for c in conv)*1e3:.0f} ms), {len(conv)} rounds")

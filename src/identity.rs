@@ -114,6 +114,31 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
+/// Facts about publishers worked out from their PeerId, kept per thread: at most `bound` publishers,
+/// the table emptied when a new one finds it full. For checks repeated on every message of a publisher
+/// (its key decompressed, its A2A header read), where a mesh has few publishers that each send many.
+pub struct PerPublisher<V> {
+    bound: usize,
+    held: std::collections::HashMap<PeerId, V>,
+}
+
+impl<V> PerPublisher<V> {
+    pub fn new(bound: usize) -> Self {
+        Self { bound, held: std::collections::HashMap::new() }
+    }
+
+    pub fn get(&self, publisher: &PeerId) -> Option<&V> {
+        self.held.get(publisher)
+    }
+
+    pub fn insert(&mut self, publisher: PeerId, value: V) {
+        if self.held.len() >= self.bound && !self.held.contains_key(&publisher) {
+            self.held.clear();
+        }
+        self.held.insert(publisher, value);
+    }
+}
+
 /// The Ed25519 public key an Ed25519 PeerId embeds (identity multihash of the protobuf key).
 pub fn public_key(peer: &libp2p::PeerId) -> Option<libp2p::identity::PublicKey> {
     let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
@@ -128,6 +153,23 @@ pub fn public_key(peer: &libp2p::PeerId) -> Option<libp2p::identity::PublicKey> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_per_publisher_table_is_emptied_for_a_new_publisher_only() {
+        let peers: Vec<PeerId> = (0..3).map(|_| Keypair::generate_ed25519().public().to_peer_id()).collect();
+        let mut table = PerPublisher::new(2);
+        table.insert(peers[0], 1);
+        table.insert(peers[1], 2);
+        // Full, but a publisher it holds is updated in place.
+        table.insert(peers[1], 3);
+        assert_eq!((table.get(&peers[0]), table.get(&peers[1])), (Some(&1), Some(&3)));
+        // A third publisher empties it first: never more than the bound.
+        table.insert(peers[2], 4);
+        assert_eq!(
+            (table.get(&peers[0]), table.get(&peers[1]), table.get(&peers[2])),
+            (None, None, Some(&4))
+        );
+    }
 
     #[test]
     fn created_once_then_reused_with_private_mode() {

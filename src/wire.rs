@@ -7,8 +7,6 @@
 //! [`open`] checks size, version, publisher key and signature before it decodes the body: nothing a peer
 //! sends is interpreted until its signature verifies. Pure: no I/O, no clock.
 
-use std::collections::HashMap;
-
 use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -16,7 +14,7 @@ use serde_bytes::ByteBuf;
 use crate::card::a2a::{Claim, SignatureError};
 use crate::card::reported::Reported;
 use crate::card::AgentCard;
-use crate::identity::public_key;
+use crate::identity::{public_key, PerPublisher};
 
 /// The only envelope version this node reads and writes.
 pub const WIRE_VERSION: u8 = 1;
@@ -377,8 +375,8 @@ pub const KEY_CACHE: usize = 1024;
 /// that such a key "verifies", and batch verification must never meet one.
 fn verifying_key(publisher: &PeerId) -> Option<ed25519_dalek::VerifyingKey> {
     thread_local! {
-        static KEYS: std::cell::RefCell<HashMap<PeerId, ed25519_dalek::VerifyingKey>> =
-            std::cell::RefCell::new(HashMap::new());
+        static KEYS: std::cell::RefCell<PerPublisher<ed25519_dalek::VerifyingKey>> =
+            std::cell::RefCell::new(PerPublisher::new(KEY_CACHE));
     }
     if let Some(key) = KEYS.with(|keys| keys.borrow().get(publisher).copied()) {
         return Some(key);
@@ -388,13 +386,7 @@ fn verifying_key(publisher: &PeerId) -> Option<ed25519_dalek::VerifyingKey> {
     if key.is_weak() {
         return None;
     }
-    KEYS.with(|keys| {
-        let mut keys = keys.borrow_mut();
-        if keys.len() >= KEY_CACHE {
-            keys.clear();
-        }
-        keys.insert(*publisher, key);
-    });
+    KEYS.with(|keys| keys.borrow_mut().insert(*publisher, key));
     Some(key)
 }
 

@@ -371,8 +371,8 @@ pub const HEADER_CACHE: usize = 1024;
 /// arguments; [`HEADER_CACHE`] remembers the answers that were yes.
 fn check_header(publisher: &PeerId, protected: &str) -> Result<(), SignatureError> {
     thread_local! {
-        static ACCEPTED: std::cell::RefCell<std::collections::HashMap<PeerId, String>> =
-            std::cell::RefCell::new(std::collections::HashMap::new());
+        static ACCEPTED: std::cell::RefCell<crate::identity::PerPublisher<String>> =
+            std::cell::RefCell::new(crate::identity::PerPublisher::new(HEADER_CACHE));
     }
     let known = ACCEPTED.with(|cache| cache.borrow().get(publisher).is_some_and(|h| h == protected));
     if known {
@@ -385,13 +385,7 @@ fn check_header(publisher: &PeerId, protected: &str) -> Result<(), SignatureErro
     if header.get("kid").and_then(Value::as_str) != Some(publisher.to_base58().as_str()) {
         return Err(SignatureError::KeyId);
     }
-    ACCEPTED.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if cache.len() >= HEADER_CACHE && !cache.contains_key(publisher) {
-            cache.clear();
-        }
-        cache.insert(*publisher, protected.to_owned());
-    });
+    ACCEPTED.with(|cache| cache.borrow_mut().insert(*publisher, protected.to_owned()));
     Ok(())
 }
 

@@ -8,8 +8,9 @@ tag="${1:-agentmesh:latest}"
 target=x86_64-unknown-linux-gnu
 
 # glibc, statically linked; --target keeps these flags off build scripts and proc-macros. getrandom
-# uses the syscall, since a scratch image has no /dev/urandom.
-RUSTFLAGS='-C target-feature=+crt-static --cfg getrandom_backend="linux_getrandom"' \
+# uses the syscall, since a scratch image has no /dev/urandom. RUSTFLAGS replaces the rustflags of
+# .cargo/config.toml, so its curve25519-dalek backend is named here too.
+RUSTFLAGS='-C target-feature=+crt-static --cfg getrandom_backend="linux_getrandom" --cfg curve25519_dalek_backend="avx512"' \
   cargo build --release --locked --target "$target"
 
 context=target/image

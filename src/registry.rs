@@ -704,11 +704,8 @@ impl Registry {
                 let live = held.map(|e| e.live.clone()).unwrap_or_default();
                 let card = HeldCard::with_text(&card, text.as_bytes());
                 let pub_bytes = publisher.to_bytes();
-                let mut row = if remote {
-                    Row::packed(&pub_bytes, key.agent_id.clone(), seq, now, card.packed(), &sig)
-                } else {
-                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, text, &sig)
-                };
+                let mut row =
+                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, text, &sig);
                 self.seal.seal(&mut row);
                 let write = self.store.put(&row, origin != Origin::Remote);
                 let stored = if origin == Origin::Remote {
@@ -1009,19 +1006,9 @@ fn load_view(
 /// Rebuilds an entry from its row. A row `sealed` by this node is taken as it is; any other has its card
 /// re-validated and the publisher's signatures (the envelope's and the A2A one) re-verified. A local card whose signatures do not verify (a store written
 /// before cards were signed) is signed again by `signer` at the same seq; a remote one is refused.
-fn entry_from_row(mut row: Row, sealed: bool, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
+fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypair) -> Option<Entry> {
     let publisher = PeerId::from_bytes(&row.publisher).ok()?;
     let origin = Origin::from_u8(row.origin)?;
-    let packed = std::mem::take(&mut row.packed);
-    if !packed.is_empty() {
-        // Only remote rows hold the packed form; its text is checked below like any other.
-        if origin != Origin::Remote || !row.card.is_empty() {
-            return None;
-        }
-        if !sealed {
-            row.card = crate::card::held::unpack(&packed)?;
-        }
-    }
     let entry = |card: HeldCard, sig: Vec<u8>| Entry {
         id: EntryId::next(),
         key: RecordKey { agent_id: row.agent_id.clone(), publisher },
@@ -1036,11 +1023,7 @@ fn entry_from_row(mut row: Row, sealed: bool, names: &PublisherNames, signer: &K
     };
     // Sealed by this node after everything in it was verified: taken as it is.
     if sealed {
-        let card = if packed.is_empty() {
-            HeldCard::from_canonical(&row.card, &row.agent_id)?
-        } else {
-            HeldCard::from_packed(&packed, &row.agent_id)?
-        };
+        let card = HeldCard::from_canonical(&row.card, &row.agent_id)?;
         return Some(entry(card, row.sig.to_vec()));
     }
     let mut card = AgentCard::from_json(row.card.as_bytes()).ok()?;
@@ -1071,8 +1054,6 @@ fn entry_from_row(mut row: Row, sealed: bool, names: &PublisherNames, signer: &K
 
 #[cfg(test)]
 mod tests {
-    use serde_bytes::ByteBuf;
-
     use super::*;
 
     #[test]
@@ -1153,36 +1134,17 @@ mod tests {
             .collect();
         assert_eq!(after, before, "a sealed row comes back exactly as it was held");
         drop(r);
-        // The remote row holds the card as the view held it (packed), a third of its text.
-        let stored = |dir: &std::path::Path| {
-            let store = Store::reopen(dir).unwrap();
+        // Change the remote card on disk, keeping the row's seal.
+        {
+            let store = Store::reopen(dir.path()).unwrap();
             let mut rows = Vec::new();
             store.load(|row| rows.push(row)).unwrap();
-            (store, rows.into_iter().find(|row| row.agent_id == "theirs").unwrap())
-        };
-        let (store, row) = stored(dir.path());
-        let text = crate::card::held::unpack(&row.packed).unwrap();
-        assert!(
-            row.card.is_empty() && row.packed.len() < text.len(),
-            "{} of {}",
-            row.packed.len(),
-            text.len()
-        );
-        // Without its seal (a store from another node, say), the same row is verified in full, and taken.
-        store.put(&Row { seal: ByteBuf::new(), ..row.clone() }, true).await.unwrap();
-        drop(store);
-        let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
-        assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 1, 1, 0));
-        drop(r);
-        // Change the remote card on disk, keeping the row's seal; then a frame that is not one.
-        let repacked = zstd::bulk::compress(text.replace("http://h", "http://evil").as_bytes(), 1).unwrap();
-        for packed in [repacked, b"not a frame".to_vec()] {
-            let (store, _) = stored(dir.path());
-            store.put(&Row { packed: ByteBuf::from(packed), ..row.clone() }, true).await.unwrap();
-            drop(store);
-            let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
-            assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 0, 1, 1));
-            assert!(r.snapshot().entries.iter().all(|e| !e.card.text().contains("evil")));
+            let mut row = rows.into_iter().find(|row| row.agent_id == "theirs").unwrap();
+            row.card = row.card.replace("http://h", "http://evil");
+            store.put(&row, true).await.unwrap();
         }
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 0, 1, 1));
+        assert!(r.snapshot().entries.iter().all(|e| !e.card.text().contains("evil")));
     }
 }

@@ -14,7 +14,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::AgentCard;
-use crate::defaults::MAX_CARD_BYTES;
 
 /// Separates the reasoner part of the index from the skill part.
 const GROUP: u8 = 0x1d;
@@ -74,18 +73,6 @@ impl HeldCard {
     /// validation of [`AgentCard`]: for rows whose seal shows they were validated when written. `None`
     /// when the text is not the JSON of a card of `agent_id`.
     pub fn from_canonical(json: &str, agent_id: &str) -> Option<Self> {
-        Self::from_text_and_packed(json, agent_id, None)
-    }
-
-    /// [`HeldCard::from_canonical`] for a row that stored the held form itself ([`HeldCard::packed`]):
-    /// the frame is kept as it is rather than compressed again. `None` when the frame does not
-    /// decompress to the JSON of a card of `agent_id` within [`MAX_CARD_BYTES`].
-    pub fn from_packed(packed: &[u8], agent_id: &str) -> Option<Self> {
-        let json = unpack(packed)?;
-        Self::from_text_and_packed(&json, agent_id, Some(packed))
-    }
-
-    fn from_text_and_packed(json: &str, agent_id: &str, packed: Option<&[u8]>) -> Option<Self> {
         let skeleton: Skeleton<'_> = serde_json::from_str(json).ok()?;
         if skeleton.agent_id != agent_id {
             return None;
@@ -99,14 +86,8 @@ impl HeldCard {
         let semver = semver::Version::parse(&skeleton.version).ok().map(Box::new);
         let group = skeleton.group_id.as_deref().map(Into::into);
         drop(skeleton);
-        let packed = packed.map_or_else(|| compress(json.as_bytes()), Box::from);
+        let packed = compress(json.as_bytes());
         Some(Self { packed, index, split, reasoner_count, skill_count, semver, group })
-    }
-
-    /// The canonical JSON text as held: one zstd frame with its content size, about a third of the
-    /// text's bytes. Stored as it is in a remote card's row ([`unpack`] reads it back).
-    pub fn packed(&self) -> &[u8] {
-        &self.packed
     }
 
     /// The card's version, when it is a semantic version.
@@ -246,19 +227,6 @@ fn decompress(packed: &[u8]) -> Box<str> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
         .unwrap_or_else(|| "{}".to_owned())
         .into_boxed_str()
-}
-
-/// The text of a frame [`HeldCard::packed`] gave, read back from storage: `None` unless the frame
-/// names its content size, that size is at most [`MAX_CARD_BYTES`], and it decompresses to exactly
-/// that much UTF-8.
-pub fn unpack(packed: &[u8]) -> Option<String> {
-    let len = zstd::zstd_safe::get_frame_content_size(packed).ok().flatten()?;
-    let len = usize::try_from(len).ok().filter(|&len| len <= MAX_CARD_BYTES)?;
-    let bytes = with_contexts(|_, d| d.decompress(packed, len).ok()).flatten()?;
-    if bytes.len() != len {
-        return None;
-    }
-    String::from_utf8(bytes).ok()
 }
 
 fn empty_object() -> &'static RawValue {

@@ -47,8 +47,7 @@ pub struct Row {
     /// 0 remote, 1 local with its own heartbeats, 2 local vouched for by this node.
     pub origin: u8,
     pub updated_at: u64,
-    /// The card as canonical compact JSON: the text the publisher signed. Empty when `packed` holds
-    /// it instead.
+    /// The card as canonical compact JSON: the text the publisher signed.
     pub card: String,
     /// The publisher's signature over the card message (see `wire`).
     #[serde(default)]
@@ -56,11 +55,6 @@ pub struct Row {
     /// This node's seal over the row ([`SealKey`]); empty on rows written before seals.
     #[serde(default)]
     pub seal: ByteBuf,
-    /// A remote card's text as the view holds it (`HeldCard::packed`: one zstd frame, about a third
-    /// of the text), in place of `card`: a node catching up writes each card it takes, and the store's
-    /// writes were a fifth of that work. Empty on local rows and on rows written before.
-    #[serde(default)]
-    pub packed: ByteBuf,
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -96,12 +90,6 @@ impl SealKey {
         }
         mac.update(&row.seq.to_le_bytes());
         mac.update(&[row.version, row.origin]);
-        // After the fixed fields, and only when there is one, so that rows sealed before keep their
-        // seals.
-        if !row.packed.is_empty() {
-            mac.update(&(row.packed.len() as u64).to_le_bytes());
-            mac.update(&row.packed);
-        }
         mac
     }
 
@@ -136,22 +124,6 @@ impl Row {
             card,
             sig: ByteBuf::from(sig),
             seal: ByteBuf::new(),
-            packed: ByteBuf::new(),
-        }
-    }
-
-    /// The row of a remote card, holding its text in the view's packed form.
-    pub fn packed(
-        publisher: &[u8],
-        agent_id: String,
-        seq: u64,
-        updated_at: u64,
-        packed: &[u8],
-        sig: &[u8],
-    ) -> Self {
-        Self {
-            packed: ByteBuf::from(packed),
-            ..Self::new(publisher, agent_id, seq, 0, updated_at, String::new(), sig)
         }
     }
 
@@ -471,26 +443,19 @@ mod tests {
         let other = SealKey::derive(&libp2p::identity::Keypair::generate_ed25519());
         assert!(!other.sealed(&row), "another node's key does not make this seal");
         assert!(!format!("{key:?}").contains(|c: char| c.is_ascii_digit()), "the key is never printed");
-        let changes: [&dyn Fn(&mut Row); 7] = [
+        let changes: [&dyn Fn(&mut Row); 6] = [
             &|r| r.publisher = ByteBuf::from(vec![1, 2, 4]),
             &|r| r.agent_id = "b".into(),
             &|r| r.seq = 8,
             &|r| r.origin = 0,
             &|r| r.card = r#"{"agent_id":"b"}"#.into(),
             &|r| r.sig = ByteBuf::from(vec![9; 63]),
-            &|r| r.packed = ByteBuf::from(vec![1]),
         ];
         for change in changes {
             let mut changed = row.clone();
             change(&mut changed);
             assert!(!key.sealed(&changed), "{changed:?}");
         }
-        // A row holding its card packed is sealed over the packed bytes.
-        let mut packed = Row::packed(&[1, 2, 3], "a".into(), 7, 42, &[5; 40], &[9; 64]);
-        key.seal(&mut packed);
-        assert!(key.sealed(&packed));
-        assert!(!key.sealed(&Row { packed: ByteBuf::from(vec![5; 39]), ..packed.clone() }));
-        assert!(!key.sealed(&Row { packed: ByteBuf::new(), ..packed }));
         // Moving bytes between adjacent fields changes the message too.
         let mut a = Row::new(&[1], "ab".into(), 1, 1, 0, "c".into(), &[]);
         let b = Row { agent_id: "a".into(), card: "bc".into(), ..a.clone() };

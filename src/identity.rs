@@ -114,9 +114,10 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
-/// Facts about publishers worked out from their PeerId, kept per thread: at most `bound` publishers,
-/// the table emptied when a new one finds it full. For checks repeated on every message of a publisher
-/// (its key decompressed, its A2A header read), where a mesh has few publishers that each send many.
+/// Facts about publishers worked out from their PeerId: at most `bound` publishers, the table emptied
+/// when a new one finds it full. For checks repeated on every message of a publisher (its key
+/// decompressed, its A2A header read), where a mesh has few publishers that each send many; its users
+/// keep one per thread (`wire::KEY_CACHE`, `card::a2a::HEADER_CACHE`), so it needs no lock.
 pub struct PerPublisher<V> {
     bound: usize,
     held: std::collections::HashMap<PeerId, V>,

@@ -10,10 +10,17 @@
 //! so that threads allocating at once do not contend on one line; [`live_bytes`] sums them. A block
 //! freed on another thread than the one that allocated it moves bytes between shards, which the sum
 //! does not notice.
+//!
+//! The module also keeps the allocator's purge policy ([`manage_purge_delay`]): freed pages go back to
+//! the system at once, except during a burst of allocation ([`burst`], a catch-up's sync answers),
+//! when they are kept a while because the next batch would fault them in again; when the burst ends
+//! every thread hands back what it kept.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Counters the threads spread over (more threads than this share them).
 pub const SHARDS: usize = 16;
@@ -88,6 +95,10 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.0.dealloc(block, layout) };
         count(-(layout.size() as isize));
+        let ended = BURSTS_ENDED.load(Ordering::Relaxed);
+        if ended != 0 {
+            hand_back_after_burst(ended);
+        }
     }
 
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -98,6 +109,125 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         }
         moved
     }
+}
+
+/// mimalloc's `mi_option_purge_delay` (`mimalloc.h` of the version the lock file pins; the sys crate
+/// does not name it).
+pub const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// A burst of allocation ends once this long went by without a new mark ([`burst`]).
+pub const BURST_QUIET: Duration = Duration::from_secs(3);
+/// A burst ends after this long whatever the marks, and the next starts only after a quiet period: a
+/// node under steady churn hands pages back as a calm one does.
+pub const BURST_LONGEST: Duration = Duration::from_secs(30);
+
+/// The bursts' marks: the pure part of the purge policy, time given.
+#[derive(Debug, Default)]
+pub struct Bursts {
+    /// When the burst on started.
+    started: Option<Duration>,
+    /// The last mark, whether a burst is on or was cut off.
+    last: Option<Duration>,
+}
+
+impl Bursts {
+    /// A mark at `now`; true when it starts a burst.
+    pub fn mark(&mut self, now: Duration) -> bool {
+        let starts = self.last.is_none();
+        if starts {
+            self.started = Some(now);
+        }
+        self.last = Some(now);
+        starts
+    }
+
+    /// Whether a burst is on.
+    pub fn on(&self) -> bool {
+        self.started.is_some()
+    }
+
+    /// True when a burst was on and ended at `now`: nothing marked for [`BURST_QUIET`], or on for
+    /// [`BURST_LONGEST`] (then marks start no new one until a quiet period).
+    pub fn settle(&mut self, now: Duration) -> bool {
+        let Some(last) = self.last else { return false };
+        if now.saturating_sub(last) >= BURST_QUIET {
+            self.last = None;
+            return self.started.take().is_some();
+        }
+        self.started.take_if(|started| now.saturating_sub(*started) >= BURST_LONGEST).is_some()
+    }
+}
+
+/// Bursts ended so far: a thread that has seen fewer hands back what it kept at its next free.
+static BURSTS_ENDED: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The bursts ended as of this thread's last hand-back. A constant initial value and no
+    /// destructor, as an allocator requires.
+    static SEEN_ENDED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Hands back what the calling thread kept during a burst that has ended since its last hand-back.
+/// mimalloc purges a thread's pages only when that thread allocates, frees or collects, so a page
+/// freed with the burst's delay on a thread that then slept (sled's I/O threads, after a catch-up's
+/// writes) stayed resident: 12 MB on a node that had just caught up with 10,000 agents, until each
+/// thread's next free.
+fn hand_back_after_burst(ended: usize) {
+    let due = SEEN_ENDED.try_with(|seen| seen.replace(ended) != ended).unwrap_or(false);
+    if due {
+        // SAFETY: collects the calling thread's own heap, which mimalloc allows at any time; the free
+        // that led here has returned, and collecting allocates nothing through this allocator.
+        unsafe { libmimalloc_sys::mi_collect(true) };
+    }
+}
+
+/// The purge delays the process runs with, calm and in a burst (ms), once [`manage_purge_delay`] is
+/// called; the marks of the bursts.
+static PURGE: Mutex<Option<((i64, i64), Bursts)>> = Mutex::new(None);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn since_start() -> Duration {
+    EPOCH.get_or_init(Instant::now).elapsed()
+}
+
+fn set_purge_delay(ms: i64) {
+    // SAFETY: sets one of mimalloc's process-wide options, which it reads atomically. In a process whose
+    // allocator is another, mimalloc's options are set and never read.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ms) };
+}
+
+/// Has the allocator hand freed pages back after `calm` ms, and keep them `burst` ms during a burst
+/// of allocation ([`burst`]), when the next batch of the same work would fault them in again. Until
+/// it is called (the library's tests, a process whose environment sets the delay), marks do nothing.
+pub fn manage_purge_delay(calm: i64, burst: i64) {
+    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *purge = Some(((calm, burst), Bursts::default()));
+    set_purge_delay(calm);
+}
+
+/// Marks a burst of allocation (a catch-up's sync answer): freed pages are kept for the burst's delay
+/// until [`BURST_QUIET`] passes without a mark.
+pub fn burst() {
+    let now = since_start();
+    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(((_, delay), bursts)) = purge.as_mut() {
+        if bursts.mark(now) {
+            set_purge_delay(*delay);
+        }
+    }
+}
+
+/// Whether a burst is on, once a burst that has gone quiet has ended (freed pages are then handed
+/// back at once again). While it is on, collecting would hand back the pages the burst keeps.
+pub fn bursting() -> bool {
+    let now = since_start();
+    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(((calm, _), bursts)) = purge.as_mut() else { return false };
+    if bursts.settle(now) {
+        set_purge_delay(*calm);
+        BURSTS_ENDED.fetch_add(1, Ordering::Relaxed);
+    }
+    bursts.on()
 }
 
 #[cfg(test)]
@@ -136,5 +266,31 @@ mod tests {
         // SAFETY: `block` came from `counting` with `zeroed`.
         unsafe { counting.dealloc(block, zeroed) };
         assert_eq!(live_bytes(), Some(base));
+    }
+
+    #[test]
+    fn a_burst_lasts_until_marks_stop_for_the_quiet_period_and_never_longer_than_its_bound() {
+        let at = Duration::from_millis;
+        let mut bursts = Bursts::default();
+        assert!(!bursts.settle(at(0)), "calm: nothing to end");
+        assert!(bursts.mark(at(100)), "the first mark starts a burst");
+        assert!(!bursts.mark(at(2_000)), "later marks extend it");
+        assert!(!bursts.settle(at(2_000) + BURST_QUIET - at(1)), "not quiet long enough");
+        assert!(bursts.on());
+        assert!(bursts.settle(at(2_000) + BURST_QUIET), "quiet since the last mark: ended");
+        assert!(!bursts.on() && !bursts.settle(at(60_000)), "ended once");
+
+        let start = at(100_000);
+        assert!(bursts.mark(start), "a new mark starts a new burst");
+        let mut now = start;
+        while now < start + BURST_LONGEST {
+            assert!(!bursts.settle(now) && bursts.on(), "marked without a pause: on until its bound");
+            now += at(500);
+            bursts.mark(now);
+        }
+        assert!(bursts.settle(now), "on for its longest: ended");
+        assert!(!bursts.mark(now + at(500)) && !bursts.on(), "marks without a pause start none");
+        assert!(!bursts.settle(now + at(500) + BURST_QUIET), "the quiet period ends nothing more");
+        assert!(bursts.mark(now + at(600) + BURST_QUIET), "after it, a mark starts a burst again");
     }
 }

@@ -21,28 +21,31 @@ use agentmesh::node::Node;
 static ALLOCATOR: agentmesh::heap::Counting<mimalloc::MiMalloc> =
     agentmesh::heap::Counting(mimalloc::MiMalloc);
 
-/// mimalloc's `mi_option_purge_delay` and `mi_option_arena_max_object_size` (`mimalloc.h` of the
-/// version the lock file pins; the sys crate names neither).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// mimalloc's `mi_option_arena_max_object_size` (`mimalloc.h` of the version the lock file pins; the
+/// sys crate does not name it).
 const MI_OPTION_ARENA_MAX_OBJECT_SIZE: libmimalloc_sys::mi_option_t = 45;
+
+/// How long freed pages are kept during a burst of allocation (a catch-up's sync answers), in ms.
+const BURST_PURGE_DELAY: i64 = 1_000;
 
 /// A sidecar's memory is taken from its agent's machine, so the allocator gives back what it does not
 /// use (BENCHMARKS.md, "Memory"); a `MIMALLOC_*` variable of the same name in the environment, read by
 /// mimalloc itself, wins:
 /// - freed pages go back at once (mimalloc's default keeps them 10 ms, then batches: a node after
-///   start-up held 10 MB more at 10,000 agents);
+///   start-up held 10 MB more at 10,000 agents), except during a burst of allocation
+///   (`heap::burst`, a catch-up's sync answers), when they are kept [`BURST_PURGE_DELAY`]: each batch
+///   would otherwise fault in again the pages the one before gave back, and the burst's end hands them
+///   back (`collect_when_idle`);
 /// - an allocation over 1 MiB is mapped from the system and unmapped when freed, as glibc does: reused
 ///   from mimalloc's arena, a zeroed one (sled's 4 MiB page table, at each of its two opens) had to be
 ///   cleared and so became resident, 5 MB on one start in two.
 fn tune_allocator() {
-    for (option, variable, value) in [
-        (MI_OPTION_PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 0),
-        (MI_OPTION_ARENA_MAX_OBJECT_SIZE, "MIMALLOC_ARENA_MAX_OBJECT_SIZE", 1024),
-    ] {
-        if std::env::var_os(variable).is_none() {
-            // SAFETY: sets one of mimalloc's process-wide options, which it reads atomically.
-            unsafe { libmimalloc_sys::mi_option_set(option, value) };
-        }
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        agentmesh::heap::manage_purge_delay(0, BURST_PURGE_DELAY);
+    }
+    if std::env::var_os("MIMALLOC_ARENA_MAX_OBJECT_SIZE").is_none() {
+        // SAFETY: sets one of mimalloc's process-wide options, which it reads atomically.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, 1024) };
     }
 }
 
@@ -72,7 +75,8 @@ fn collect(force: bool) {
 
 /// Collects when a runtime worker goes idle, at most once per [`COLLECT_INTERVAL`]: a busy worker
 /// reuses what it frees anyway, an idle one would keep it indefinitely. What sled deferred on the thread
-/// is freed first (`store::release_deferred`), so the same collect hands it back.
+/// is freed first (`store::release_deferred`), so the same collect hands it back. Not during a burst
+/// of allocation (`heap::bursting`): the first collect after it hands back what it kept.
 fn collect_when_idle() {
     thread_local! {
         static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -82,7 +86,9 @@ fn collect_when_idle() {
         if last.get().is_none_or(|at| now.duration_since(at) >= COLLECT_INTERVAL) {
             last.set(Some(now));
             agentmesh::registry::store::release_deferred();
-            collect(true);
+            if !agentmesh::heap::bursting() {
+                collect(true);
+            }
         }
     });
 }

@@ -63,6 +63,10 @@ fn held_already(sealed: &wire::Sealed, snapshot: &Snapshot) -> bool {
 /// Gossip batches at least this long are opened on every core (below it, starting threads costs more).
 const OPEN_IN_PARALLEL_FROM: usize = 32;
 
+/// A sync answer of at least this many messages marks a burst of allocation (`heap::burst`): a
+/// catch-up's answers allocate and free much the same pages one after another.
+const BURST_MESSAGES: usize = 64;
+
 /// Queued work taken at once at most. Gossip messages taken together are opened together (their
 /// signatures in one batch) and their cards applied as one registry batch: one view update for the lot
 /// instead of one per card. An idle node takes each message as it comes, so batches form only under
@@ -228,6 +232,9 @@ impl Opening {
         counters: &Arc<Counters>,
     ) -> Self {
         let Answer { from, messages, fetched } = answer;
+        if messages.len() >= BURST_MESSAGES {
+            crate::heap::burst();
+        }
         // A child of the sync exchange that brought the messages, so a log follows both.
         let span = tracing::info_span!(parent: &exchange, "ingest", %from, source = "sync", messages = messages.len());
         let (snapshot, policy, counters) = (registry.snapshot(), policy.clone(), counters.clone());

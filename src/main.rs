@@ -25,8 +25,9 @@ static ALLOCATOR: agentmesh::heap::Counting<mimalloc::MiMalloc> =
 /// sys crate does not name it).
 const MI_OPTION_ARENA_MAX_OBJECT_SIZE: libmimalloc_sys::mi_option_t = 45;
 
-/// How long freed pages are kept during a burst of allocation (a catch-up's sync answers), in ms.
-const BURST_PURGE_DELAY: i64 = 1_000;
+/// How long freed pages are kept during a burst of allocation (a catch-up's sync answers), in ms: the
+/// answers of a catch-up come tens of ms apart; 1 s kept more at the peak and joined no sooner.
+const BURST_PURGE_DELAY: i64 = 200;
 
 /// A sidecar's memory is taken from its agent's machine, so the allocator gives back what it does not
 /// use (BENCHMARKS.md, "Memory"); a `MIMALLOC_*` variable of the same name in the environment, read by

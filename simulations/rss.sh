@@ -9,11 +9,12 @@
 #           the two spends at rest, over 10 s from then;
 #   collect: as join, and 15 s after the catch-up the joiner's anonymous RSS before and after
 #           `mi_collect(true)` is called in every one of its threads (gdb; root, or ptrace allowed):
-#           what the allocator still held that collecting gives back.
+#           what the allocator still held that collecting gives back; with EACH=1, one thread at a
+#           time, the RSS after each.
 #   PROFILE=FILE with join or collect: the joiner's catch-up, from its start until it holds every
 #           agent, sampled into FILE (`perf record -F 999 --call-graph dwarf,16384`; read it with
 #           `perf report -i FILE --children`).
-# Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT;
+# Usage: simulations/rss.sh starts|join|collect   (env: AGENTS, default 10,000; STARTS, default 6; PORT; EACH;
 #        BIN, a daemon binary to measure instead of building this tree's; POPULATE_BIN, the discovery
 #        bench's binary to populate with, as simulations/join_big.py takes it)
 set -euo pipefail
@@ -124,7 +125,17 @@ case "$MODE" in
     echo "15 s later: joiner $(rss "$pid"); publisher $(rss "$publisher")"
     echo "CPU at rest over the next 10 s: joiner, publisher: $(cpu "$pid" "$publisher")"
     if [ "$MODE" = collect ]; then
-      gdb -p "$pid" -batch -ex "thread apply all call (void)mi_collect(1)" >/dev/null 2>&1
+      if [ -n "${EACH:-}" ]; then
+        # One thread at a time, by its kernel id, so that what each gives back shows.
+        for tid in $(ls /proc/"$pid"/task); do
+          gdb -p "$pid" -batch \
+            -ex "python [t.switch() for t in gdb.selected_inferior().threads() if t.ptid[1] == $tid]" \
+            -ex "call (void)mi_collect(1)" >/dev/null 2>&1
+          echo "  after thread $tid ($(cat /proc/"$pid"/task/"$tid"/comm 2>/dev/null)): $(rss "$pid")"
+        done
+      else
+        gdb -p "$pid" -batch -ex "thread apply all call (void)mi_collect(1)" >/dev/null 2>&1
+      fi
       echo "after mi_collect(true) in each of its $(ls /proc/"$pid"/task | wc -l) threads: $(rss "$pid")"
     fi
     stop "$pid"

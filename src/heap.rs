@@ -19,8 +19,10 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::clock::{now_millis, Millis};
 
 /// Counters the threads spread over (more threads than this share them).
 pub const SHARDS: usize = 16;
@@ -31,29 +33,46 @@ struct Shard(AtomicIsize);
 static LIVE: [Shard; SHARDS] = [const { Shard(AtomicIsize::new(0)) }; SHARDS];
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    /// This thread's shard, picked at its first allocation. A plain `Cell` with a constant initial
-    /// value: reading it never allocates and it has no destructor, as an allocator requires.
-    static MY_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+/// What a thread keeps for the allocator's bookkeeping. Plain `Cell`s with constant initial values:
+/// reading them never allocates and they have no destructor, as an allocator requires.
+struct Mine {
+    /// This thread's shard, picked at its first allocation.
+    shard: Cell<usize>,
+    /// The bursts ended as of this thread's last hand-back ([`count_free`]).
+    seen_ended: Cell<usize>,
 }
 
-fn shard() -> &'static AtomicIsize {
-    let at = MY_SHARD
-        .try_with(|mine| {
-            let mut at = mine.get();
-            if at == usize::MAX {
-                at = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-                mine.set(at);
-            }
-            at
-        })
-        // A thread past its thread-locals (during its exit) counts on the first shard.
-        .unwrap_or(0);
-    &LIVE[at].0
+thread_local! {
+    static MINE: Mine = const { Mine { shard: Cell::new(usize::MAX), seen_ended: Cell::new(0) } };
+}
+
+fn shard_of(mine: &Mine) -> usize {
+    let mut at = mine.shard.get();
+    if at == usize::MAX {
+        at = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        mine.shard.set(at);
+    }
+    at
 }
 
 fn count(bytes: isize) {
-    shard().fetch_add(bytes, Ordering::Relaxed);
+    // A thread past its thread-locals (during its exit) counts on the first shard.
+    let at = MINE.try_with(shard_of).unwrap_or(0);
+    LIVE[at].0.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// [`count`] for a free, with one look at the thread's locals. The first free on a thread after a
+/// burst ended ([`bursting`]) hands back what the thread kept during it ([`collect_thread`]): a page
+/// freed with the burst's delay on a thread that then slept (sled's I/O threads, after a catch-up's
+/// writes) stayed resident, 12 MB on a node that had just caught up with 10,000 agents.
+fn count_free(bytes: isize) {
+    let ended = BURSTS_ENDED.load(Ordering::Relaxed);
+    let (at, due) =
+        MINE.try_with(|mine| (shard_of(mine), mine.seen_ended.replace(ended) != ended)).unwrap_or((0, false));
+    LIVE[at].0.fetch_add(bytes, Ordering::Relaxed);
+    if due {
+        collect_thread();
+    }
 }
 
 /// Bytes allocated through a [`Counting`] allocator and not freed yet (what was asked for, not the
@@ -94,11 +113,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.0.dealloc(block, layout) };
-        count(-(layout.size() as isize));
-        let ended = BURSTS_ENDED.load(Ordering::Relaxed);
-        if ended != 0 {
-            hand_back_after_burst(ended);
-        }
+        count_free(-(layout.size() as isize));
     }
 
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -121,18 +136,22 @@ pub const BURST_QUIET: Duration = Duration::from_secs(3);
 /// node under steady churn hands pages back as a calm one does.
 pub const BURST_LONGEST: Duration = Duration::from_secs(30);
 
+fn ms(d: Duration) -> Millis {
+    d.as_millis() as Millis
+}
+
 /// The bursts' marks: the pure part of the purge policy, time given.
 #[derive(Debug, Default)]
 pub struct Bursts {
     /// When the burst on started.
-    started: Option<Duration>,
+    started: Option<Millis>,
     /// The last mark, whether a burst is on or was cut off.
-    last: Option<Duration>,
+    last: Option<Millis>,
 }
 
 impl Bursts {
     /// A mark at `now`; true when it starts a burst.
-    pub fn mark(&mut self, now: Duration) -> bool {
+    pub fn mark(&mut self, now: Millis) -> bool {
         let starts = self.last.is_none();
         if starts {
             self.started = Some(now);
@@ -148,46 +167,41 @@ impl Bursts {
 
     /// True when a burst was on and ended at `now`: nothing marked for [`BURST_QUIET`], or on for
     /// [`BURST_LONGEST`] (then marks start no new one until a quiet period).
-    pub fn settle(&mut self, now: Duration) -> bool {
+    pub fn settle(&mut self, now: Millis) -> bool {
         let Some(last) = self.last else { return false };
-        if now.saturating_sub(last) >= BURST_QUIET {
+        if now.saturating_sub(last) >= ms(BURST_QUIET) {
             self.last = None;
             return self.started.take().is_some();
         }
-        self.started.take_if(|started| now.saturating_sub(*started) >= BURST_LONGEST).is_some()
+        self.started.take_if(|started| now.saturating_sub(*started) >= ms(BURST_LONGEST)).is_some()
     }
 }
 
 /// Bursts ended so far: a thread that has seen fewer hands back what it kept at its next free.
 static BURSTS_ENDED: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    /// The bursts ended as of this thread's last hand-back. A constant initial value and no
-    /// destructor, as an allocator requires.
-    static SEEN_ENDED: Cell<usize> = const { Cell::new(0) };
+/// Hands back what the calling thread's heap holds free (`mi_collect(true)`): its freed pages, and the
+/// blocks other threads freed on them. mimalloc does so for a thread only when that thread itself
+/// allocates, frees or collects.
+pub fn collect_thread() {
+    // SAFETY: collects the calling thread's own heap, which mimalloc allows at any time; it touches
+    // no live allocation and allocates nothing through the global allocator (so it may run inside
+    // `Counting::dealloc`, once the free has returned).
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
-/// Hands back what the calling thread kept during a burst that has ended since its last hand-back.
-/// mimalloc purges a thread's pages only when that thread allocates, frees or collects, so a page
-/// freed with the burst's delay on a thread that then slept (sled's I/O threads, after a catch-up's
-/// writes) stayed resident: 12 MB on a node that had just caught up with 10,000 agents, until each
-/// thread's next free.
-fn hand_back_after_burst(ended: usize) {
-    let due = SEEN_ENDED.try_with(|seen| seen.replace(ended) != ended).unwrap_or(false);
-    if due {
-        // SAFETY: collects the calling thread's own heap, which mimalloc allows at any time; the free
-        // that led here has returned, and collecting allocates nothing through this allocator.
-        unsafe { libmimalloc_sys::mi_collect(true) };
-    }
+/// The purge policy, once [`manage_purge_delay`] set it.
+struct Policy {
+    /// Purge delays in ms, calm and during a burst.
+    calm: i64,
+    burst: i64,
+    bursts: Bursts,
 }
 
-/// The purge delays the process runs with, calm and in a burst (ms), once [`manage_purge_delay`] is
-/// called; the marks of the bursts.
-static PURGE: Mutex<Option<((i64, i64), Bursts)>> = Mutex::new(None);
-static EPOCH: OnceLock<Instant> = OnceLock::new();
+static POLICY: Mutex<Option<Policy>> = Mutex::new(None);
 
-fn since_start() -> Duration {
-    EPOCH.get_or_init(Instant::now).elapsed()
+fn policy() -> std::sync::MutexGuard<'static, Option<Policy>> {
+    POLICY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn set_purge_delay(ms: i64) {
@@ -200,34 +214,31 @@ fn set_purge_delay(ms: i64) {
 /// of allocation ([`burst`]), when the next batch of the same work would fault them in again. Until
 /// it is called (the library's tests, a process whose environment sets the delay), marks do nothing.
 pub fn manage_purge_delay(calm: i64, burst: i64) {
-    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    *purge = Some(((calm, burst), Bursts::default()));
+    *policy() = Some(Policy { calm, burst, bursts: Bursts::default() });
     set_purge_delay(calm);
 }
 
 /// Marks a burst of allocation (a catch-up's sync answer): freed pages are kept for the burst's delay
 /// until [`BURST_QUIET`] passes without a mark.
 pub fn burst() {
-    let now = since_start();
-    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(((_, delay), bursts)) = purge.as_mut() {
-        if bursts.mark(now) {
-            set_purge_delay(*delay);
+    if let Some(p) = policy().as_mut() {
+        if p.bursts.mark(now_millis()) {
+            set_purge_delay(p.burst);
         }
     }
 }
 
-/// Whether a burst is on, once a burst that has gone quiet has ended (freed pages are then handed
-/// back at once again). While it is on, collecting would hand back the pages the burst keeps.
+/// Whether a burst is on, once a burst that has gone quiet has ended: freed pages are then handed
+/// back at once again, and every thread hands back what it kept at its next free. While it is on,
+/// collecting would hand back the pages the burst keeps.
 pub fn bursting() -> bool {
-    let now = since_start();
-    let mut purge = PURGE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let Some(((calm, _), bursts)) = purge.as_mut() else { return false };
-    if bursts.settle(now) {
-        set_purge_delay(*calm);
+    let mut policy = policy();
+    let Some(p) = policy.as_mut() else { return false };
+    if p.bursts.settle(now_millis()) {
+        set_purge_delay(p.calm);
         BURSTS_ENDED.fetch_add(1, Ordering::Relaxed);
     }
-    bursts.on()
+    p.bursts.on()
 }
 
 #[cfg(test)]
@@ -270,27 +281,27 @@ mod tests {
 
     #[test]
     fn a_burst_lasts_until_marks_stop_for_the_quiet_period_and_never_longer_than_its_bound() {
-        let at = Duration::from_millis;
+        let (quiet, longest) = (ms(BURST_QUIET), ms(BURST_LONGEST));
         let mut bursts = Bursts::default();
-        assert!(!bursts.settle(at(0)), "calm: nothing to end");
-        assert!(bursts.mark(at(100)), "the first mark starts a burst");
-        assert!(!bursts.mark(at(2_000)), "later marks extend it");
-        assert!(!bursts.settle(at(2_000) + BURST_QUIET - at(1)), "not quiet long enough");
+        assert!(!bursts.settle(0), "calm: nothing to end");
+        assert!(bursts.mark(100), "the first mark starts a burst");
+        assert!(!bursts.mark(2_000), "later marks extend it");
+        assert!(!bursts.settle(2_000 + quiet - 1), "not quiet long enough");
         assert!(bursts.on());
-        assert!(bursts.settle(at(2_000) + BURST_QUIET), "quiet since the last mark: ended");
-        assert!(!bursts.on() && !bursts.settle(at(60_000)), "ended once");
+        assert!(bursts.settle(2_000 + quiet), "quiet since the last mark: ended");
+        assert!(!bursts.on() && !bursts.settle(60_000), "ended once");
 
-        let start = at(100_000);
+        let start = 100_000;
         assert!(bursts.mark(start), "a new mark starts a new burst");
         let mut now = start;
-        while now < start + BURST_LONGEST {
+        while now < start + longest {
             assert!(!bursts.settle(now) && bursts.on(), "marked without a pause: on until its bound");
-            now += at(500);
+            now += 500;
             bursts.mark(now);
         }
         assert!(bursts.settle(now), "on for its longest: ended");
-        assert!(!bursts.mark(now + at(500)) && !bursts.on(), "marks without a pause start none");
-        assert!(!bursts.settle(now + at(500) + BURST_QUIET), "the quiet period ends nothing more");
-        assert!(bursts.mark(now + at(600) + BURST_QUIET), "after it, a mark starts a burst again");
+        assert!(!bursts.mark(now + 500) && !bursts.on(), "marks without a pause start none");
+        assert!(!bursts.settle(now + 500 + quiet), "the quiet period ends nothing more");
+        assert!(bursts.mark(now + 600 + quiet), "after it, a mark starts a burst again");
     }
 }

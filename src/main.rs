@@ -35,8 +35,8 @@ const BURST_PURGE_DELAY: i64 = 200;
 /// - freed pages go back at once (mimalloc's default keeps them 10 ms, then batches: a node after
 ///   start-up held 10 MB more at 10,000 agents), except during a burst of allocation
 ///   (`heap::burst`, a catch-up's sync answers), when they are kept [`BURST_PURGE_DELAY`]: each batch
-///   would otherwise fault in again the pages the one before gave back, and the burst's end hands them
-///   back (`collect_when_idle`);
+///   would otherwise fault in again the pages the one before gave back; once the burst ends every thread
+///   hands back what it kept (`heap::bursting`, checked by `collect_when_idle`);
 /// - an allocation over 1 MiB is mapped from the system and unmapped when freed, as glibc does: reused
 ///   from mimalloc's arena, a zeroed one (sled's 4 MiB page table, at each of its two opens) had to be
 ///   cleared and so became resident, 5 MB on one start in two.
@@ -65,17 +65,10 @@ fn init_tracing(format: LogFormat) {
 /// How often at most a runtime thread going idle hands back what it freed ([`collect_when_idle`]).
 const COLLECT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Hands this thread's freed memory back to the system: mimalloc keeps each thread's pages until that
-/// thread itself looks at them again, and blocks another thread freed wait on the page's list until
-/// then. A node that had just caught up with a mesh (10,000 agents) held 7 MB that way, most of it on
-/// the two runtime workers, until each thread collected (BENCHMARKS.md, "Memory").
-fn collect(force: bool) {
-    // SAFETY: collects the calling thread's own heap, which mimalloc allows at any time.
-    unsafe { libmimalloc_sys::mi_collect(force) };
-}
-
 /// Collects when a runtime worker goes idle, at most once per [`COLLECT_INTERVAL`]: a busy worker
-/// reuses what it frees anyway, an idle one would keep it indefinitely. What sled deferred on the thread
+/// reuses what it frees anyway, an idle one would keep it indefinitely (`heap::collect_thread`: a node
+/// that had just caught up with a mesh of 10,000 agents held 7 MB that way, most of it on the two
+/// runtime workers, until each thread collected; BENCHMARKS.md, "Memory"). What sled deferred on the thread
 /// is freed first (`store::release_deferred`), so the same collect hands it back. Not during a burst
 /// of allocation (`heap::bursting`): the first collect after it hands back what it kept.
 fn collect_when_idle() {
@@ -88,7 +81,7 @@ fn collect_when_idle() {
             last.set(Some(now));
             agentmesh::registry::store::release_deferred();
             if !agentmesh::heap::bursting() {
-                collect(true);
+                agentmesh::heap::collect_thread();
             }
         }
     });
@@ -100,7 +93,7 @@ fn main() -> ExitCode {
         .enable_all()
         .on_thread_park(collect_when_idle)
         // A blocking-pool thread ends after a while idle: what it still holds goes with its heap.
-        .on_thread_stop(|| collect(true))
+        .on_thread_stop(agentmesh::heap::collect_thread)
         .build();
     let outcome = match runtime {
         Ok(runtime) => runtime.block_on(run(Cli::parse())),

@@ -345,8 +345,7 @@ pub fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
-    // SAFETY: mi_collect frees mimalloc's own unused memory; it touches no live allocation.
-    unsafe { libmimalloc_sys::mi_collect(true) };
+    crate::heap::collect_thread();
 }
 
 #[cfg(test)]

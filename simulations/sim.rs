@@ -41,6 +41,7 @@ use agentmesh::proto::membership::Reach;
 use agentmesh::proto::reconcile::{record_id, Index, RecordId};
 use agentmesh::proto::records::{self, Admission, Limits, RecordKey, Records};
 use agentmesh::proto::state::{self, Action, Event, Request, RequestId, State};
+use agentmesh::proto::target::{Bounds, PEER_HIGH, PEER_LOW};
 use agentmesh::registry::health::{Health, Thresholds};
 use agentmesh::wire::{self, HeartbeatAgent};
 use libp2p::gossipsub::MessageAcceptance;
@@ -59,7 +60,10 @@ fn us(d: std::time::Duration) -> T {
 }
 
 /// The protocol state's settings, as the daemon derives them from its default heartbeat interval.
-const STATE_CONFIG: state::Config = state::Config { list_refetch: HEARTBEAT_INTERVAL.as_millis() as u64 };
+const STATE_CONFIG: state::Config = state::Config {
+    list_refetch: HEARTBEAT_INTERVAL.as_millis() as u64,
+    peers: Bounds { low: PEER_LOW, high: PEER_HIGH },
+};
 
 /// TCP's minimum retransmission timeout on Linux: what a lost segment costs a stream.
 const RTO: T = 200 * MS;
@@ -108,9 +112,9 @@ enum Payload {
     Down { target: usize, last_seen: u64 },
 }
 
-/// A sync answer: a reconciliation frame, a reach answer, cards (publisher, agent, seq), heartbeats
-/// (with their lists, or naming them).
-type Answer = (Option<Vec<u8>>, Option<Reach>, Vec<(usize, Arc<str>, u64)>, Vec<Arc<Payload>>);
+/// A sync answer: a reconciliation frame, a reach answer, an answer to a request to part, cards
+/// (publisher, agent, seq), heartbeats (with their lists, or naming them).
+type Answer = (Option<Vec<u8>>, Option<Reach>, Option<bool>, Vec<(usize, Arc<str>, u64)>, Vec<Arc<Payload>>);
 
 /// What crosses a link.
 #[derive(Debug)]
@@ -128,6 +132,7 @@ enum Wire {
         id: RequestId,
         frame: Option<Vec<u8>>,
         reach: Option<Reach>,
+        parted: Option<bool>,
         cards: Vec<(usize, Arc<str>, u64)>,
         list: Vec<Arc<Payload>>,
     },
@@ -263,7 +268,8 @@ struct Node {
     list_beats: u32,
     conns: BTreeSet<usize>,
     mesh: BTreeSet<usize>,
-    /// Peers it dials when not connected (its bootstrap and the peers it first chose).
+    /// Peers it dials at its start, its bootstrap first: only the bootstrap is redialled (the
+    /// connection target dials the others it wants, as in the daemon).
     wants: Vec<usize>,
     seen: HashSet<u64>,
     seen_old: HashSet<u64>,
@@ -306,6 +312,8 @@ struct Sim {
     /// Messages and bytes-ish counters.
     sent_gossip: u64,
     sent_requests: u64,
+    /// Connections closed by agreement (the connection target).
+    parted: u64,
 }
 
 impl Sim {
@@ -337,6 +345,7 @@ impl Sim {
             events: 0,
             sent_gossip: 0,
             sent_requests: 0,
+            parted: 0,
         }
     }
 
@@ -694,6 +703,19 @@ impl Sim {
                     self.apply_down(i, target, last_seen);
                     self.publish(i, Payload::Down { target, last_seen });
                 }
+                Action::Dial(peer) => {
+                    let to = self.ids[&peer];
+                    self.dial(i, to);
+                }
+                Action::Disconnect(peer) => {
+                    // Both ends close: this one at once, the other when the FIN arrives.
+                    let to = self.ids[&peer];
+                    if self.nodes[i].conns.contains(&to) {
+                        self.send(i, to, Wire::Closed);
+                        self.lose(i, to);
+                    }
+                    self.parted += 1;
+                }
                 Action::Ban(_) | Action::Unban(_) | Action::Refuse(_) => {}
             }
         }
@@ -870,11 +892,11 @@ impl Sim {
     }
 
     /// A node's answer to a sync question.
-    fn answer(&mut self, i: usize, request: Request) -> Answer {
+    fn answer(&mut self, i: usize, from: usize, request: Request) -> Answer {
         match request {
             Request::Reconcile(frame) => {
                 self.refresh_index(i);
-                (self.nodes[i].state.respond(&frame), None, Vec::new(), Vec::new())
+                (self.nodes[i].state.respond(&frame), None, None, Vec::new(), Vec::new())
             }
             Request::Fetch(ids) => {
                 self.refresh_index(i);
@@ -889,7 +911,7 @@ impl Sim {
                         Some((self.ids[&key.publisher], Arc::from(key.agent_id.as_str()), rec.seq))
                     })
                     .collect();
-                (None, None, cards, Vec::new())
+                (None, None, None, cards, Vec::new())
             }
             Request::List(publisher) => {
                 let node = &self.nodes[i];
@@ -909,7 +931,7 @@ impl Sim {
                         agents: Some(agents),
                     })
                 };
-                (None, None, Vec::new(), list.map(Arc::new).into_iter().collect())
+                (None, None, None, Vec::new(), list.map(Arc::new).into_iter().collect())
             }
             Request::Heartbeats => {
                 let node = &self.nodes[i];
@@ -925,11 +947,15 @@ impl Sim {
                     let agents = node.records.current_list(&alive.publisher).map(|(_, agents)| agents);
                     beats.push(Arc::new(Payload::Heartbeat { publisher, sent_at, digest, agents }));
                 }
-                (None, None, Vec::new(), beats)
+                (None, None, None, Vec::new(), beats)
             }
             Request::Reach(target) => {
                 let now = self.ms();
-                (None, Some(self.nodes[i].state.reach(&target, now)), Vec::new(), Vec::new())
+                (None, Some(self.nodes[i].state.reach(&target, now)), None, Vec::new(), Vec::new())
+            }
+            Request::Part => {
+                let (now, peer) = (self.ms(), self.nodes[from].peer);
+                (None, None, Some(self.nodes[i].state.part_asked(peer, now)), Vec::new(), Vec::new())
             }
         }
     }
@@ -1008,15 +1034,26 @@ impl Sim {
                 if self.alive(node, epoch) {
                     let horizon = self.now.saturating_sub(REQUEST_TIMEOUT);
                     self.fail_requests(node, |_, at| at <= horizon);
+                    // The connection target never asks its bootstrap peer to part, and a gossip mesh
+                    // peer only when no other is left.
+                    let n = &self.nodes[node];
+                    let bootstrap = n.wants.first().map(|&p| self.nodes[p].peer).into_iter().collect();
+                    let mesh = n.mesh.iter().map(|&p| self.nodes[p].peer).collect();
+                    self.nodes[node].state.keep(bootstrap, mesh);
                     self.handle(node, Event::Tick);
                     self.at(self.now + us(DETECT_TICK), Ev::Tick { node, epoch });
                 }
             }
             Ev::Rediscover { node, epoch } => {
                 if self.alive(node, epoch) {
-                    // mDNS, the bootstrap redial and Kademlia: peers it knows and lost are dialled again.
-                    for peer in self.nodes[node].wants.clone() {
-                        if self.nodes[peer].up && !self.nodes[node].conns.contains(&peer) {
+                    // The bootstrap redial while the node wants peers (the connection target dials the
+                    // others it wants), unless the two agreed to part.
+                    let now = self.ms();
+                    let target = self.nodes[node].state.target();
+                    let wanted = target.wants_peers();
+                    if let Some(&peer) = self.nodes[node].wants.first().filter(|_| wanted) {
+                        let parted = target.is_parted(&self.nodes[peer].peer, now);
+                        if self.nodes[peer].up && !self.nodes[node].conns.contains(&peer) && !parted {
                             self.dial(node, peer);
                         }
                     }
@@ -1107,20 +1144,23 @@ impl Sim {
                 self.enqueue(to, from, Wire::Gossip(id), self.p.hop_cost, epoch);
             }
             Wire::Request { id, request } => {
-                let (frame, reach, cards, list) = self.answer(to, request);
-                self.send(to, from, Wire::Response { id, frame, reach, cards, list });
+                let (frame, reach, parted, cards, list) = self.answer(to, from, request);
+                self.send(to, from, Wire::Response { id, frame, reach, parted, cards, list });
             }
-            Wire::Response { id, frame, reach, cards, list } => {
+            Wire::Response { id, frame, reach, parted, cards, list } => {
                 if self.nodes[to].asking.remove(&id).is_none() {
                     return; // already failed (timed out)
                 }
                 let cost = self.p.hop_cost + self.p.card_cost * cards.len() as T;
                 // The state machine hears of the answer at once; its cards queue for ingest.
-                self.handle(to, Event::Answered { id, frame, reach });
+                match parted {
+                    Some(agreed) => self.handle(to, Event::PartAnswered { id, agreed }),
+                    None => self.handle(to, Event::Answered { id, frame, reach }),
+                }
                 // A fetch's answer goes to ingest even when empty, as in the daemon: ingest settles
                 // every record the fetch asked for, those the peer did not hold included.
                 if !cards.is_empty() || !list.is_empty() || self.nodes[to].fetching.contains_key(&id) {
-                    let wire = Wire::Response { id, frame: None, reach: None, cards, list };
+                    let wire = Wire::Response { id, frame: None, reach: None, parted: None, cards, list };
                     self.enqueue(to, from, wire, cost, epoch);
                 }
             }
@@ -1167,6 +1207,16 @@ impl Sim {
     }
 
     // ---------------------------------------------------------------- observations
+
+    /// Connections per live node: min / median / max.
+    fn connection_spread(&self) -> String {
+        let mut counts: Vec<usize> = self.nodes.iter().filter(|n| n.up).map(|n| n.conns.len()).collect();
+        counts.sort_unstable();
+        match (counts.first(), counts.get(counts.len() / 2), counts.last()) {
+            (Some(min), Some(median), Some(max)) => format!("{min} / {median} / {max}"),
+            _ => "none".into(),
+        }
+    }
 
     fn live_nodes(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|&i| self.nodes[i].up).collect()
@@ -1699,12 +1749,15 @@ fn main() {
         );
     }
     println!(
-        "simulated {:.1} s in {:.1} s wall, {} events, {} gossip sends, {} sync requests",
+        "simulated {:.1} s in {:.1} s wall, {} events, {} gossip sends, {} sync requests, {} partings; \
+         connections per node now: {}",
         sim.now as f64 / 1e6,
         wall.elapsed().as_secs_f64(),
         sim.events,
         sim.sent_gossip,
-        sim.sent_requests
+        sim.sent_requests,
+        sim.parted,
+        sim.connection_spread()
     );
     let path = out.unwrap_or_else(|| {
         // A run with latency in each node goes beside the plain one, not over it.

@@ -253,6 +253,12 @@ pub struct RunArgs {
     /// Established libp2p connections at most (default 512).
     #[arg(long, env = "AGENTMESH_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<u32>,
+    /// Connections kept at least (default 8): below it, the node dials peers it knows.
+    #[arg(long, env = "AGENTMESH_PEER_LOW", value_name = "N")]
+    pub peer_low: Option<usize>,
+    /// Connections kept at most once settled (default 16): above it, the node asks peers to part.
+    #[arg(long, env = "AGENTMESH_PEER_HIGH", value_name = "N")]
+    pub peer_high: Option<usize>,
     /// Start even if the store lost local agents it had acknowledged (see SECURITY.md).
     #[arg(long, env = "AGENTMESH_ACCEPT_STORE_LOSS")]
     pub accept_store_loss: bool,
@@ -343,6 +349,12 @@ impl RunArgs {
         }
         if let Some(v) = self.max_connections {
             c.max_connections = v;
+        }
+        if let Some(v) = self.peer_low {
+            c.peer_low = v;
+        }
+        if let Some(v) = self.peer_high {
+            c.peer_high = v;
         }
         if self.accept_store_loss {
             c.accept_store_loss = true;

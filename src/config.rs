@@ -128,6 +128,12 @@ pub struct Config {
     /// refused (`connections_denied` in `/api/v1/mesh/status`). Every node connects to every peer it
     /// learns of, so a mesh of more nodes needs it raised. Default 512; 1 to 16,384.
     pub max_connections: u32,
+    /// Connections the node keeps at least: below it, it dials peers it knows and lets Kademlia and
+    /// mDNS dial. Default 8; 1 to `peer_high`.
+    pub peer_low: usize,
+    /// Connections the node keeps at most once settled: above it, it asks peers (never its bootstrap
+    /// or gossip mesh peers) to part. Default 16; `peer_low` to `max_connections`.
+    pub peer_high: usize,
     /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),
     /// continuing with what it holds. Default off: such a store is an error at start.
     pub accept_store_loss: bool,
@@ -163,6 +169,8 @@ impl Default for Config {
             max_agents_per_publisher: defaults::MAX_AGENTS_PER_PUBLISHER,
             max_remote_records: defaults::MAX_REMOTE_RECORDS,
             max_connections: defaults::MAX_CONNECTIONS,
+            peer_low: defaults::PEER_LOW,
+            peer_high: defaults::PEER_HIGH,
             accept_store_loss: false,
         }
     }
@@ -198,6 +206,8 @@ impl fmt::Debug for Config {
             .field("max_agents_per_publisher", &self.max_agents_per_publisher)
             .field("max_remote_records", &self.max_remote_records)
             .field("max_connections", &self.max_connections)
+            .field("peer_low", &self.peer_low)
+            .field("peer_high", &self.peer_high)
             .field("accept_store_loss", &self.accept_store_loss)
             .finish()
     }
@@ -256,6 +266,17 @@ impl Config {
             let reason =
                 format!("{} must be 1 to {}", self.max_connections, defaults::MAX_CONNECTIONS_CEILING);
             return invalid("max_connections", reason);
+        }
+        if !(1..=self.peer_high).contains(&self.peer_low) {
+            return invalid(
+                "peer_low",
+                format!("{} must be 1 to peer_high ({})", self.peer_low, self.peer_high),
+            );
+        }
+        if self.peer_high > self.max_connections as usize {
+            let reason =
+                format!("{} must be at most max_connections ({})", self.peer_high, self.max_connections);
+            return invalid("peer_high", reason);
         }
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be above zero".into());
@@ -405,6 +426,9 @@ mod tests {
         assert_eq!(bad(|c| c.max_agents_per_publisher = 0), "max_agents_per_publisher");
         assert_eq!(bad(|c| c.max_remote_records = 10), "max_remote_records");
         assert_eq!(bad(|c| c.max_connections = 0), "max_connections");
+        assert_eq!(bad(|c| c.peer_low = 0), "peer_low");
+        assert_eq!(bad(|c| c.peer_low = c.peer_high + 1), "peer_low");
+        assert_eq!(bad(|c| c.max_connections = c.peer_high as u32 - 1), "peer_high");
         assert_eq!(bad(|c| c.heartbeat_interval = Duration::ZERO), "heartbeat_interval");
         assert_eq!(bad(|c| c.degraded_after = Duration::from_secs(1)), "degraded_after");
         assert_eq!(bad(|c| c.inactive_after = Duration::from_secs(7)), "inactive_after");

@@ -257,6 +257,29 @@ pub const LOST_MEMORY: Duration = Duration::from_secs(10);
 /// Peers suspected at once at most (a mass disconnect beyond it is left to heartbeat age).
 pub const MAX_SUSPECTS: usize = 256;
 
+/// Connections a node keeps at least (the connection target's low bound, `peer_low`): below it, it
+/// dials peers it knows, and lets Kademlia and mDNS dial.
+pub const PEER_LOW: usize = 8;
+/// Connections a node keeps at most once settled (`peer_high`): above it, it asks peers to part.
+pub const PEER_HIGH: usize = 16;
+/// How long two nodes that agreed to part do not dial each other.
+pub const PART_MEMORY: Duration = Duration::from_secs(60);
+/// How long a peer that declined to part (it held `peer_low` or fewer, or was syncing) is not asked
+/// again.
+pub const DECLINED_MEMORY: Duration = Duration::from_secs(5);
+/// A connection younger than this is never asked to part: it gets its first sync round.
+pub const PART_MIN_AGE: Duration = Duration::from_secs(5);
+/// How often a node trades a connection for a peer it knows and is not connected to (the shuffle
+/// that bridges a healed partition).
+pub const SHUFFLE_INTERVAL: Duration = Duration::from_secs(10);
+/// A peer whose connection closed without a parting is preferred by the shuffle for this long.
+pub const LOST_FIRST: Duration = Duration::from_secs(300);
+/// A dial for the connection target that reported nothing by then is given up.
+pub const TARGET_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Peers the connection target remembers at most (met before, parted with, declined); the oldest
+/// entries go first beyond it.
+pub const MAX_KNOWN_PEERS: usize = 4096;
+
 /// Peers tracked at most for strikes and bans; the oldest entries go first beyond it.
 pub const MAX_TRACKED_PEERS: usize = 4096;
 

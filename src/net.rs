@@ -10,6 +10,7 @@
 
 mod behaviour;
 mod dialing;
+mod gate;
 pub mod ingest;
 mod protocol;
 mod status;
@@ -138,6 +139,8 @@ pub struct NetConfig {
     pub heartbeat_interval: Duration,
     /// Established connections at most (`Config::max_connections`).
     pub max_connections: u32,
+    /// Connections kept, at least and at most once settled (`Config::peer_low`, `peer_high`).
+    pub peers: crate::proto::target::Bounds,
     /// A closed mesh's pre-shared key: every connection is encrypted with it before anything else,
     /// so peers without it cannot connect at all. (Its `Debug` shows only a fingerprint.)
     pub psk: Option<PreSharedKey>,
@@ -239,6 +242,7 @@ pub async fn spawn(
         .take(MAX_UNANNOUNCED)
         .collect();
     let config_heartbeat = config.heartbeat_interval;
+    let config_peers = config.peers;
     let event_loop = EventLoop {
         swarm,
         keypair,
@@ -267,7 +271,7 @@ pub async fn spawn(
         indexed: None,
         held: Vec::new(),
         state: State::new(
-            state::Config { list_refetch: config_heartbeat.as_millis() as u64 },
+            state::Config { list_refetch: config_heartbeat.as_millis() as u64, peers: config_peers },
             rand::random(),
         ),
     };
@@ -348,7 +352,7 @@ impl EventLoop {
                 _ = sync.tick() => self.handle(Event::SyncTimer),
                 _ = redial.tick() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
-                _ = detect.tick() => self.handle(Event::Tick),
+                _ = detect.tick() => self.on_detect_tick(),
             }
         }
     }
@@ -543,16 +547,23 @@ impl EventLoop {
                 }
             }
             SwarmEvent::OutgoingConnectionError { connection_id, peer_id, error } => {
-                if let DialError::Denied { cause, .. } = &error {
-                    // This node's own bound, not the peer's failure: no evidence against it.
-                    tracing::debug!(peer = ?peer_id, %cause, "dial refused: connection limit");
-                    self.counters.update(|c| c.connections_denied += 1);
-                } else {
-                    tracing::debug!(peer = ?peer_id, %error, "could not connect");
-                    if let Some(peer) = peer_id {
-                        self.handle(Event::DialFailed(peer));
+                match &error {
+                    // A lookup's dial while the node holds the connections it wants: by design.
+                    DialError::Denied { cause } if cause.downcast_ref::<gate::Settled>().is_some() => {
+                        tracing::trace!(peer = ?peer_id, "discovery dial not made: connection target reached");
                     }
-                    self.counters.update(|c| c.connection_errors += 1);
+                    // This node's own bound, not the peer's failure: no evidence against it.
+                    DialError::Denied { cause } => {
+                        tracing::debug!(peer = ?peer_id, %cause, "dial refused: connection limit");
+                        self.counters.update(|c| c.connections_denied += 1);
+                    }
+                    _ => {
+                        tracing::debug!(peer = ?peer_id, %error, "could not connect");
+                        if let Some(peer) = peer_id {
+                            self.handle(Event::DialFailed(peer));
+                        }
+                        self.counters.update(|c| c.connection_errors += 1);
+                    }
                 }
                 for b in self.bootstrap.iter_mut().filter(|b| b.pending == Some(connection_id)) {
                     b.pending = None;
@@ -589,7 +600,7 @@ impl EventLoop {
             BehaviourEvent::Identify(e) => self.recorder.record(e),
             BehaviourEvent::Ping(e) => self.recorder.record(e),
             BehaviourEvent::Mdns(_) | BehaviourEvent::Sync(_) => {}
-            BehaviourEvent::Limits(never) => match *never {},
+            BehaviourEvent::Limits(never) | BehaviourEvent::Gate(never) => match *never {},
         }
         match event {
             BehaviourEvent::Gossipsub(gossipsub::Event::Message {
@@ -629,15 +640,17 @@ impl EventLoop {
                 self.swarm.close_connection(connection);
             }
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
+                let now = now_millis();
                 for (peer, addr) in found {
                     self.swarm.behaviour_mut().kad.add_address(&peer, addr);
+                    self.state.heard_of(peer, now);
                 }
                 self.dial_lan_peers();
             }
             BehaviourEvent::Sync(request_response::Event::Message { peer, message, .. }) => match message {
                 request_response::Message::Request { request, channel, .. } => {
                     let (kind, started) = (request.kind(), std::time::Instant::now());
-                    let response = self.answer(request);
+                    let response = self.answer(peer, request);
                     tracing::debug!(
                         %peer,
                         kind,

@@ -160,6 +160,7 @@ impl Node {
             mdns: config.mdns,
             heartbeat_interval: config.heartbeat_interval,
             max_connections: config.max_connections,
+            peers: crate::proto::target::Bounds { low: config.peer_low, high: config.peer_high },
             psk,
             allowed_publishers,
         };

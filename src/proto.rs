@@ -9,6 +9,8 @@
 //! - [`reconcile`]: record ids and range-based set reconciliation of two views (anti-entropy).
 //! - [`fetch`]: which missing records to ask for, of one peer at a time.
 //! - [`membership`]: failure detection by suspicion and indirect confirmation.
+//! - [`target`]: the connection target: between `peer_low` and `peer_high` connections, partings
+//!   agreed by both sides, a shuffle that bridges healed partitions.
 //! - [`records`]: the rules of remote records: versions, tombstones, limits, leave and return,
 //!   heartbeat lists, declarations, eviction.
 
@@ -18,3 +20,4 @@ pub mod membership;
 pub mod reconcile;
 pub mod records;
 pub mod state;
+pub mod target;

@@ -357,3 +357,67 @@ async fn a_dial_past_the_nodes_own_limit_is_refused_not_counted_as_a_failed_peer
     assert_eq!(counter(&a, "connection_errors").await, 0, "a refusal of its own is not a failed dial");
     assert_eq!(counter(&a, "peers_declared_down").await, 0);
 }
+
+/// The connection target: every node bootstraps to one hub, and every node, the hub included, ends
+/// within `peer_high` connections by partings both sides agreed to: no node is declared down, every
+/// agent stays active everywhere, and gossip still reaches every node afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_keep_their_connection_target_by_agreed_partings_without_false_alarms() {
+    const NODES: usize = 7;
+    const HIGH: u64 = 3;
+    let small = |dir: &std::path::Path, bootstrap| Config {
+        peer_low: 2,
+        peer_high: HIGH as usize,
+        ..mesh_config(dir, bootstrap)
+    };
+    let dirs: Vec<_> = (0..NODES).map(|_| tempfile::tempdir().unwrap()).collect();
+    let hub = TestNode::start(small(dirs[0].path(), vec![])).await;
+    let hub_addr = dial_addr(&hub).await;
+    let mut nodes = vec![hub];
+    for dir in &dirs[1..] {
+        nodes.push(TestNode::start(small(dir.path(), vec![hub_addr.clone()])).await);
+    }
+    let card = |i: usize| {
+        let mut card = fixture_cards()[1].clone();
+        card["agent_id"] = format!("agent-{i}").into();
+        card
+    };
+    for (i, n) in nodes.iter().enumerate() {
+        n.register(&card(i)).await;
+    }
+    // Settling takes partings and shuffles (every `SHUFFLE_INTERVAL`): a longer deadline than
+    // `wait_for`'s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut counts = Vec::new();
+    loop {
+        counts.clear();
+        let mut settled = true;
+        for n in &nodes {
+            let (_, s) = n.get("/api/v1/mesh/status").await;
+            let connected = s["connected_peers"].as_u64().unwrap();
+            counts.push(connected);
+            settled &=
+                (1..=HIGH).contains(&connected) && s["records"]["active"].as_u64() == Some(NODES as u64);
+        }
+        if settled {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not settled: connections per node {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut parted = 0;
+    for n in &nodes {
+        assert_eq!(counter(n, "peers_declared_down").await, 0, "a parting is no failure");
+        parted += counter(n, "peers_parted").await;
+        let (_, s) = n.get("/api/v1/mesh/status").await;
+        assert_eq!((s["peer_low"].as_u64(), s["peer_high"].as_u64()), (Some(2), Some(HIGH)));
+    }
+    assert!(parted >= 1, "the hub's {} joiners left it by partings", NODES - 1);
+    // Gossip still reaches every node, and nobody went degraded meanwhile.
+    nodes[NODES - 1].register(&card(NODES)).await;
+    for n in &nodes {
+        wait_health(n, &format!("agent-{NODES}"), "active").await;
+        let (_, s) = n.get("/api/v1/mesh/status").await;
+        assert_eq!(s["records"]["active"].as_u64(), Some(NODES as u64 + 1), "{s}");
+    }
+}

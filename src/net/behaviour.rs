@@ -5,6 +5,8 @@ use super::*;
 
 #[derive(NetworkBehaviour)]
 pub(super) struct Behaviour {
+    /// Lets discovery's own dials out only while the node wants peers (the connection target).
+    pub(super) gate: super::gate::Gate,
     /// Refuses connections past the node's bounds before the others see them.
     pub(super) limits: connection_limits::Behaviour,
     pub(super) gossipsub: gossipsub::Behaviour,
@@ -140,6 +142,7 @@ fn behaviour(
         .with_max_pending_incoming(Some(MAX_PENDING_INCOMING))
         .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER));
     Ok(Behaviour {
+        gate: super::gate::Gate::new(),
         limits: connection_limits::Behaviour::new(limits),
         gossipsub,
         kad,

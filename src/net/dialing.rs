@@ -28,8 +28,13 @@ impl EventLoop {
         let now = Instant::now();
         for i in 0..self.bootstrap.len() {
             let b = &self.bootstrap[i];
-            let connected = b.peer.or(b.learned).is_some_and(|p| self.swarm.is_connected(&p));
-            if b.next > now || connected || b.pending.is_some() {
+            let known = b.peer.or(b.learned);
+            let connected = known.is_some_and(|p| self.swarm.is_connected(&p));
+            // A bootstrap address is the way in: dialled while the node wants peers, never a peer it
+            // agreed to part with meanwhile.
+            let settled = !self.state.target().wants_peers();
+            let parted = known.is_some_and(|p| self.state.target().is_parted(&p, now_millis()));
+            if b.next > now || connected || settled || parted || b.pending.is_some() {
                 continue;
             }
             let addr = b.addr.clone();
@@ -42,6 +47,7 @@ impl EventLoop {
                 None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
             };
             let connection = opts.connection_id();
+            self.swarm.behaviour_mut().gate.own(connection);
             if let Err(error) = self.swarm.dial(opts) {
                 tracing::debug!(%addr, %error, "bootstrap dial not started");
             }
@@ -60,12 +66,18 @@ impl EventLoop {
     /// closed after failed pings) would otherwise not be made again until the record expires.
     pub(super) fn dial_lan_peers(&mut self) {
         let me = *self.swarm.local_peer_id();
+        if !self.state.target().wants_peers() {
+            return;
+        }
         let Some(mdns) = self.swarm.behaviour().mdns.as_ref() else { return };
         let now = now_millis();
+        let missing = self.state.target().bounds().low.saturating_sub(self.state.target().len());
         let due: Vec<PeerId> = mdns
             .discovered_nodes()
             .filter(|p| me < **p && !self.swarm.is_connected(p) && !self.state.is_banned(p, now))
+            .filter(|p| !self.state.target().is_parted(p, now))
             .copied()
+            .take(missing)
             .collect();
         for peer in due {
             // No addresses given: mDNS (and Kademlia) supply the ones they know for the peer.

@@ -1,8 +1,11 @@
 //! The shell around the protocol state ([`crate::proto::state`]): feeds it what happened and carries
 //! out what it decides (questions over the sync protocol, redials, bans, declarations).
 
+use std::collections::BTreeSet;
+
 use libp2p::identity::PeerId;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::swarm::DialError;
 
 use super::EventLoop;
 use crate::clock::now_millis;
@@ -21,6 +24,26 @@ impl EventLoop {
         }
         let actions = self.state.handle(event, now_millis());
         self.carry_out(actions);
+        // Discovery dials only while the node wants peers.
+        let open = self.state.target().wants_peers();
+        self.swarm.behaviour_mut().gate.set_open(open);
+    }
+
+    /// Every `DETECT_TICK`: suspicions, lapsed claims and bans, and the connection target, which never
+    /// asks a bootstrap peer to part, and a gossip mesh peer only when no other is left.
+    pub(super) fn on_detect_tick(&mut self) {
+        let mesh: BTreeSet<PeerId> = self.swarm.behaviour().gossipsub.all_mesh_peers().copied().collect();
+        let bootstrap = self.bootstrap.iter().filter_map(|b| b.peer.or(b.learned)).collect();
+        self.state.keep(bootstrap, mesh);
+        self.handle(Event::Tick);
+    }
+
+    /// Dials `peer` for the protocol (a suspect, the connection target): through the dial gate
+    /// whatever the connection count.
+    fn dial(&mut self, peer: PeerId) -> Result<(), DialError> {
+        let opts = DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
+        self.swarm.behaviour_mut().gate.own(opts.connection_id());
+        self.swarm.dial(opts)
     }
 
     /// The last connection to `peer` closed.
@@ -36,12 +59,22 @@ impl EventLoop {
                 Action::Send { peer, id, request } => self.send_sync(peer, id, request),
                 Action::Redial(peer) => {
                     tracing::debug!(%peer, "peer suspected: connection closed; redialling");
-                    let opts =
-                        DialOpts::peer_id(peer).condition(PeerCondition::DisconnectedAndNotDialing).build();
                     // No address known, or a dial already under way: no evidence either way.
-                    if let Err(error) = self.swarm.dial(opts) {
+                    if let Err(error) = self.dial(peer) {
                         tracing::debug!(%peer, %error, "suspect not redialled");
                     }
+                }
+                Action::Dial(peer) => {
+                    tracing::debug!(%peer, connected = self.state.target().len(), "dialling for the connection target");
+                    if let Err(error) = self.dial(peer) {
+                        tracing::debug!(%peer, %error, "dial for the connection target not started");
+                        self.state.dial_not_started(peer);
+                    }
+                }
+                Action::Disconnect(peer) => {
+                    tracing::debug!(%peer, connected = self.state.target().len(), "parting: over the connection target");
+                    self.counters.update(|c| c.peers_parted += 1);
+                    let _ = self.swarm.disconnect_peer_id(peer);
                 }
                 Action::Declare(target) => self.declare(target),
                 Action::Ban(peer) => {

@@ -31,6 +31,9 @@ pub struct CounterState {
     pub connections_denied: u64,
     /// Peers this node declared down (connection closed, confirmed by peers it asked).
     pub peers_declared_down: u64,
+    /// Connections this node closed over its connection target (`peer_high`), each agreed to by the
+    /// peer.
+    pub peers_parted: u64,
     pub sync_rounds: u64,
     pub last_sync_ms: Option<u64>,
 }
@@ -51,6 +54,9 @@ pub struct Status {
     pub peer_id: String,
     pub listen_addrs: Vec<String>,
     pub connected_peers: usize,
+    /// The connection target: `connected_peers` settles between these two.
+    pub peer_low: usize,
+    pub peer_high: usize,
     /// Gossip mesh peers per topic.
     pub mesh_peers: BTreeMap<String, usize>,
     pub routing_table_size: usize,
@@ -133,6 +139,8 @@ impl EventLoop {
             peer_id: self.swarm.local_peer_id().to_base58(),
             listen_addrs: self.listen_addrs.iter().map(ToString::to_string).collect(),
             connected_peers: self.swarm.connected_peers().count(),
+            peer_low: self.config.peers.low,
+            peer_high: self.config.peers.high,
             mesh_peers,
             routing_table_size,
             banned_peers: self.state.banned(now_millis()),

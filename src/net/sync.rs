@@ -27,6 +27,9 @@ pub enum SyncRequest {
     /// `MAX_HEARTBEATS_ANSWER`, `MAX_HEARTBEATS_ANSWER_BYTES`). Only a list the answer had no room for
     /// is fetched with `List` afterwards.
     Heartbeats,
+    /// "May we part?" (the connection target: the asker holds more than `peer_high` connections):
+    /// answered with `parted`, true when this node agrees and will not count the close as a failure.
+    Part,
 }
 
 /// Signed messages (cards, or the heartbeat or chunks that carry a list), exactly as their publishers
@@ -39,6 +42,9 @@ pub struct SyncResponse {
     /// The answer to `Reach` (`proto::membership::Reach` as a number).
     #[serde(default)]
     pub reach: Option<u8>,
+    /// The answer to `Part`.
+    #[serde(default)]
+    pub parted: Option<bool>,
 }
 
 use std::sync::Arc;
@@ -65,6 +71,7 @@ impl SyncRequest {
             SyncRequest::List { .. } => "list",
             SyncRequest::Reach { .. } => "reach",
             SyncRequest::Heartbeats => "heartbeats",
+            SyncRequest::Part => "part",
         }
     }
 
@@ -75,6 +82,7 @@ impl SyncRequest {
             Request::List(publisher) => SyncRequest::List { publisher: publisher.to_bytes().into() },
             Request::Reach(target) => SyncRequest::Reach { target: target.to_bytes().into() },
             Request::Heartbeats => SyncRequest::Heartbeats,
+            Request::Part => SyncRequest::Part,
         }
     }
 }
@@ -141,7 +149,9 @@ impl EventLoop {
                 return;
             }
         }
-        if let Some(id) = id {
+        if let (Some(id), Some(agreed)) = (id, response.parted) {
+            self.handle(Event::PartAnswered { id, agreed });
+        } else if let Some(id) = id {
             let frame = response.frame.map(|f| f.into_vec());
             let reach = response.reach.map(Reach::from_u8);
             self.handle(Event::Answered { id, frame, reach });
@@ -164,12 +174,12 @@ impl EventLoop {
     }
 
     /// Answers a peer's sync request from the view as it is now.
-    pub(super) fn answer(&mut self, request: SyncRequest) -> SyncResponse {
+    pub(super) fn answer(&mut self, peer: PeerId, request: SyncRequest) -> SyncResponse {
         match request {
             SyncRequest::Reconcile(frame) => {
                 self.index();
                 let frame = self.state.respond(&frame).map(Into::into);
-                SyncResponse { cards: Vec::new(), frame, reach: None }
+                SyncResponse { frame, ..SyncResponse::default() }
             }
             SyncRequest::Fetch(ids) => {
                 let (index, snapshot) = self.index();
@@ -180,7 +190,7 @@ impl EventLoop {
                     .filter_map(|at| snapshot.entries.get(at))
                     .map(|entry| entry.signed_message().into())
                     .collect();
-                SyncResponse { cards, frame: None, reach: None }
+                SyncResponse { cards, ..SyncResponse::default() }
             }
             SyncRequest::List { publisher } => {
                 let Ok(publisher) = PeerId::from_bytes(&publisher) else { return SyncResponse::default() };
@@ -198,21 +208,26 @@ impl EventLoop {
                     .chain(list.iter().flat_map(|l| records::after(first, l)))
                     .map(|m| m.to_vec().into())
                     .collect();
-                SyncResponse { cards, frame: None, reach: None }
+                SyncResponse { cards, ..SyncResponse::default() }
             }
             SyncRequest::Heartbeats => {
                 // This node's own heartbeat is not among them: the asker has its `List` already. Each
                 // heartbeat is followed by what carried its list, as a `List` answer would be.
                 let heartbeats = self.registry.newest_heartbeats(now_millis());
                 let cards = heartbeats.iter().map(|m| m.to_vec().into()).collect();
-                SyncResponse { cards, frame: None, reach: None }
+                SyncResponse { cards, ..SyncResponse::default() }
             }
             SyncRequest::Reach { target } => {
                 let reach = match PeerId::from_bytes(&target) {
                     Ok(target) => self.state.reach(&target, now_millis()),
                     Err(_) => Reach::Unknown,
                 };
-                SyncResponse { cards: Vec::new(), frame: None, reach: Some(reach.to_u8()) }
+                SyncResponse { reach: Some(reach.to_u8()), ..SyncResponse::default() }
+            }
+            SyncRequest::Part => {
+                let parted = self.state.part_asked(peer, now_millis());
+                tracing::debug!(%peer, parted, "asked to part");
+                SyncResponse { parted: Some(parted), ..SyncResponse::default() }
             }
         }
     }

@@ -89,6 +89,14 @@ impl Membership {
         self.suspects.remove(&peer);
     }
 
+    /// The last connection to `peer` closed after the two agreed to part: no sign of failure, and no
+    /// evidence for anyone who asks whether this node reaches it.
+    pub fn parted(&mut self, peer: PeerId) {
+        self.connected.remove(&peer);
+        self.lost.remove(&peer);
+        self.suspects.remove(&peer);
+    }
+
     /// The last connection to `peer` closed. `watched`: this node holds records `peer` published, so
     /// its death matters here. Starts a suspicion: probes and a redial.
     pub fn closed(&mut self, peer: PeerId, watched: bool, now: Millis, rng: &mut impl Rng) -> Vec<Action> {

@@ -19,6 +19,7 @@ use super::bans::BanList;
 use super::fetch::Fetches;
 use super::membership::{self, Membership, Reach};
 use super::reconcile::{Index, RecordId};
+use super::target::{self, Bounds, Target};
 use crate::clock::Millis;
 use crate::defaults::{
     FETCH_BATCH, HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_PENDING_FETCHES, MAX_RECONCILING,
@@ -39,6 +40,8 @@ pub enum Request {
     /// The newest heartbeat of every publisher the peer hears (a node that just joined asks its first
     /// peers: its agents' liveness at once, not one heartbeat interval or more later).
     Heartbeats,
+    /// "May we part?" (the connection target): answered yes or no.
+    Part,
 }
 
 impl Request {
@@ -50,6 +53,7 @@ impl Request {
             Request::List(_) => "list",
             Request::Reach(_) => "reach",
             Request::Heartbeats => "heartbeats",
+            Request::Part => "part",
         }
     }
 }
@@ -72,6 +76,8 @@ pub enum Event {
     /// A peer answered question `id`: with a reconciliation frame, or whether it reaches a peer (cards
     /// in an answer go to ingest, which reports them as `Settled`).
     Answered { id: RequestId, frame: Option<Vec<u8>>, reach: Option<Reach> },
+    /// A peer answered question `id`, a request to part: whether it agreed.
+    PartAnswered { id: RequestId, agreed: bool },
     /// Question `id` got no answer (the connection went, a timeout, an error).
     Failed { id: RequestId },
     /// A heartbeat relayed by `from` names records of `publisher` this node lacks.
@@ -103,6 +109,10 @@ pub enum Action {
     Unban(PeerId),
     /// `peer` is banned: close the connection it just made.
     Refuse(PeerId),
+    /// `peer` agreed to part (the connection target): close the connections to it.
+    Disconnect(PeerId),
+    /// Dial `peer` for the connection target; a failure comes back as `DialFailed`.
+    Dial(PeerId),
 }
 
 /// What a question in flight was for.
@@ -113,6 +123,7 @@ enum Asked {
     List,
     Reach(PeerId),
     Heartbeats,
+    Part,
 }
 
 /// Settings of the state machine.
@@ -120,6 +131,8 @@ enum Asked {
 pub struct Config {
     /// How often a publisher's list may be fetched (the heartbeat interval).
     pub list_refetch: Millis,
+    /// How many connections the node keeps.
+    pub peers: Bounds,
 }
 
 /// One node's mesh protocol state.
@@ -157,6 +170,7 @@ pub struct State {
     lists_waiting: VecDeque<(PeerId, PeerId)>,
     bans: BanList,
     membership: Membership,
+    target: Target,
     /// Questions for every publisher's heartbeats that failed and were asked again of another peer.
     heartbeats_retries: u32,
     rng: StdRng,
@@ -183,6 +197,7 @@ impl State {
             lists_waiting: VecDeque::new(),
             bans: BanList::default(),
             membership: Membership::default(),
+            target: Target::new(config.peers),
             heartbeats_retries: 0,
             rng: StdRng::seed_from_u64(seed),
         }
@@ -216,6 +231,32 @@ impl State {
         self.asked.len()
     }
 
+    /// The connection target's view of this node's peers.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The peers never asked to part (bootstrap peers) and those asked last (gossip mesh peers).
+    pub fn keep(&mut self, bootstrap: BTreeSet<PeerId>, mesh: BTreeSet<PeerId>) {
+        self.target.keep(bootstrap, mesh);
+    }
+
+    /// This node heard of `peer` (mDNS, Kademlia): a candidate when it wants more connections.
+    pub fn heard_of(&mut self, peer: PeerId, now: Millis) {
+        self.target.heard_of(peer, now);
+    }
+
+    /// A dial the connection target asked for could not start (no address known, say).
+    pub fn dial_not_started(&mut self, peer: PeerId) {
+        self.target.dial_failed(peer);
+    }
+
+    /// This node's answer to `peer` asking to part (the connection target).
+    pub fn part_asked(&mut self, peer: PeerId, now: Millis) -> bool {
+        let busy = self.asked.values().any(|(p, _)| *p == peer) || self.sync_waiting.contains(&peer);
+        self.target.part_asked(peer, busy, now)
+    }
+
     pub fn handle(&mut self, event: Event, now: Millis) -> Vec<Action> {
         let mut out = Vec::new();
         match event {
@@ -227,6 +268,7 @@ impl State {
                 }
                 self.connected.insert(peer);
                 self.membership.connected(peer);
+                self.target.connected(peer, now);
                 self.start_sync(peer, &mut out);
                 // Its newest heartbeat and list at once: its agents are alive as their cards land,
                 // without waiting for its next heartbeat to reach this node by gossip.
@@ -241,16 +283,26 @@ impl State {
             Event::Closed { peer, watched } => {
                 self.connected.remove(&peer);
                 self.sync_waiting.retain(|p| *p != peer);
-                if !self.bans.is_banned(&peer, now) {
+                if self.target.closed(peer, now) {
+                    // The two agreed to part: no sign of failure.
+                    self.membership.parted(peer);
+                } else if !self.bans.is_banned(&peer, now) {
                     let actions = self.membership.closed(peer, watched, now, &mut self.rng);
                     self.detector(actions, &mut out);
                 }
             }
             Event::DialFailed(peer) => {
+                self.target.dial_failed(peer);
                 let actions = self.membership.dial_failed(peer);
                 self.detector(actions, &mut out);
             }
             Event::Answered { id, frame, reach } => self.answered(id, frame, reach, now, &mut out),
+            Event::PartAnswered { id, agreed } => {
+                if let Some((peer, Asked::Part)) = self.asked.remove(&id) {
+                    let actions = self.target.answered(peer, Some(agreed), now);
+                    self.connection_target(actions, now, &mut out);
+                }
+            }
             Event::Failed { id } => match self.asked.remove(&id) {
                 Some((_, Asked::Fetch(ids))) => self.fetches.failed(&ids),
                 Some((failed, Asked::Heartbeats)) if self.heartbeats_retries < HEARTBEATS_RETRIES => {
@@ -265,6 +317,9 @@ impl State {
                 Some((_, Asked::Reach(target))) => {
                     let actions = self.membership.probe_failed(target);
                     self.detector(actions, &mut out);
+                }
+                Some((peer, Asked::Part)) => {
+                    self.target.answered(peer, None, now);
                 }
                 _ => {}
             },
@@ -301,6 +356,10 @@ impl State {
                 self.fetches.expire(now);
                 self.list_fetches.retain(|_, &mut at| at > now);
                 out.extend(self.bans.expire(now).into_iter().map(Action::Unban));
+                let busy: BTreeSet<PeerId> =
+                    self.asked.values().map(|(p, _)| *p).chain(self.sync_waiting.iter().copied()).collect();
+                let actions = self.target.tick(now, |p| busy.contains(p), &mut self.rng);
+                self.connection_target(actions, now, &mut out);
             }
         }
         self.resume(now, &mut out);
@@ -354,6 +413,10 @@ impl State {
                 }
             }
             Asked::List | Asked::Heartbeats => {}
+            // Answered as `PartAnswered`; any other answer is no agreement.
+            Asked::Part => {
+                self.target.answered(peer, None, now);
+            }
         }
     }
 
@@ -489,6 +552,23 @@ impl State {
         }
     }
 
+    /// Carries the connection target's decisions into actions: a request to part becomes a `Part`
+    /// question.
+    fn connection_target(&mut self, actions: Vec<target::Action>, now: Millis, out: &mut Vec<Action>) {
+        for action in actions {
+            match action {
+                target::Action::AskToPart(peer) => {
+                    if !self.send(peer, Request::Part, Asked::Part, out) {
+                        // The window is full: asked again at a later tick.
+                        self.target.answered(peer, None, now);
+                    }
+                }
+                target::Action::Disconnect(peer) => out.push(Action::Disconnect(peer)),
+                target::Action::Dial(peer) => out.push(Action::Dial(peer)),
+            }
+        }
+    }
+
     /// Carries the failure detector's decisions into actions: probes become `Reach` questions.
     fn detector(&mut self, actions: Vec<membership::Action>, out: &mut Vec<Action>) {
         for action in actions {
@@ -512,7 +592,10 @@ mod tests {
     use crate::defaults::FETCH_BATCH;
     use crate::proto::reconcile::record_id;
 
-    const CONFIG: Config = Config { list_refetch: 2_000 };
+    const CONFIG: Config = Config {
+        list_refetch: 2_000,
+        peers: Bounds { low: crate::defaults::PEER_LOW, high: crate::defaults::PEER_HIGH },
+    };
 
     fn index(records: &[(PeerId, &str, u64)]) -> Arc<Index> {
         Arc::new(Index::build(records.iter().map(|(p, a, s)| (p, *a, *s))))

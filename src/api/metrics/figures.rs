@@ -137,7 +137,9 @@ impl Collector for MeshFigures {
         let help = "Connections that failed before being established.";
         counter(&mut encoder, "connection_errors", help, c.connection_errors)?;
         let help = "Connections refused by this node's connection limits.";
-        counter(&mut encoder, "connections_denied", help, c.connections_denied)
+        counter(&mut encoder, "connections_denied", help, c.connections_denied)?;
+        let help = "Connections closed over the connection target (peer_high), each agreed to by the peer.";
+        counter(&mut encoder, "peers_parted", help, c.peers_parted)
     }
 }
 

@@ -19,6 +19,8 @@ fn status(counters: CounterState) -> Status {
         peer_id: String::new(),
         listen_addrs: Vec::new(),
         connected_peers: 2,
+        peer_low: 8,
+        peer_high: 16,
         mesh_peers: BTreeMap::new(),
         routing_table_size: 3,
         banned_peers: 1,
@@ -123,6 +125,7 @@ fn mesh_figures_keep_their_names_in_both_formats() {
         "agentmesh_sync_rounds_total 0",
         "agentmesh_connection_errors_total 0",
         "agentmesh_connections_denied_total 0",
+        "agentmesh_peers_parted_total 0",
     ] {
         has_line(&out, line);
     }

@@ -1,0 +1,440 @@
+//! The connection target: a node keeps between `low` and `high` connections instead of one to every
+//! node it ever met (`docs/SCALE.md`, section 4.1).
+//!
+//! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time; the shell lets
+//!   Kademlia and mDNS dial on their own only while below `low` too ([`Target::wants_peers`]).
+//! - **Above `high`** it asks one peer at a time to part: never one of its bootstrap peers, one in the
+//!   middle of a sync with it, or one connected for less than [`PART_MIN_AGE`]; a gossip mesh peer
+//!   only when no other is left (the shell gives both sets). The peer agrees while it keeps more than
+//!   `low` others and no sync with the asker is under way ([`Target::part_asked`]); a bootstrap
+//!   node's joiners thus leave it once they hold others, and dial it again only below `low`. Both
+//!   sides record the parting, so the close that follows starts no suspicion and no redial, and
+//!   neither dials the other again for [`PART_MEMORY`] (unless below `low` with nobody else to try).
+//! - **Every [`SHUFFLE_INTERVAL`]** it dials one peer it knows and is not connected to, those it lost
+//!   (a close it did not agree to) first, least recently tried first; once above `high` again, the
+//!   parting trims a connection. During a partition each side's connections stay on its own side; the
+//!   shuffle is what bridges the two once it heals.
+//!
+//! Pure: time is a parameter, choices are drawn from the caller's rng.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use libp2p::identity::PeerId;
+use rand::seq::IteratorRandom as _;
+use rand::Rng;
+
+use crate::clock::Millis;
+pub use crate::defaults::{
+    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, PART_MEMORY, PART_MIN_AGE, PEER_HIGH, PEER_LOW,
+    SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
+};
+
+/// How many connections a node keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Below it, the node dials peers it knows.
+    pub low: usize,
+    /// Above it, the node asks peers to part.
+    pub high: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self { low: PEER_LOW, high: PEER_HIGH }
+    }
+}
+
+/// What the connection target asks of its shell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Ask `peer` to part; its answer comes back through [`Target::answered`].
+    AskToPart(PeerId),
+    /// `peer` agreed to part: close the connections to it.
+    Disconnect(PeerId),
+    /// Dial `peer`; the outcome comes back as [`Target::connected`] or [`Target::dial_failed`].
+    Dial(PeerId),
+}
+
+/// A peer this node was connected to and is not now.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// When its connection closed without a parting (a crash, a partition, a ping timeout).
+    lost: Option<Millis>,
+    /// When this node last dialled it for the target.
+    tried: Millis,
+    /// When this node last saw it (connected, or its close).
+    seen: Millis,
+}
+
+/// The connection target of one node.
+#[derive(Debug)]
+pub struct Target {
+    bounds: Bounds,
+    /// Connected peers, and since when.
+    connected: BTreeMap<PeerId, Millis>,
+    /// Peers never asked to part: bootstrap peers (set by the shell).
+    keep: BTreeSet<PeerId>,
+    /// Gossip mesh peers: asked to part only when no other peer may be (set by the shell).
+    mesh: BTreeSet<PeerId>,
+    /// Peers parted with, until when neither side dials the other (at most `MAX_KNOWN_PEERS`).
+    parted: HashMap<PeerId, Millis>,
+    /// Peers that declined to part, until when they are not asked again (`DECLINED_MEMORY`, at most
+    /// `MAX_KNOWN_PEERS`).
+    declined: HashMap<PeerId, Millis>,
+    /// Peers met before and not connected now (at most `MAX_KNOWN_PEERS`).
+    known: HashMap<PeerId, Known>,
+    /// The peer asked to part, awaiting its answer.
+    asking: Option<PeerId>,
+    /// The dial under way for the target, and when it started.
+    dialing: Option<(PeerId, Millis)>,
+    next_shuffle: Option<Millis>,
+}
+
+impl Target {
+    pub fn new(bounds: Bounds) -> Self {
+        Self {
+            bounds,
+            connected: BTreeMap::new(),
+            keep: BTreeSet::new(),
+            mesh: BTreeSet::new(),
+            parted: HashMap::new(),
+            declined: HashMap::new(),
+            known: HashMap::new(),
+            asking: None,
+            dialing: None,
+            next_shuffle: None,
+        }
+    }
+
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// Connected peers.
+    pub fn len(&self) -> usize {
+        self.connected.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.connected.is_empty()
+    }
+
+    /// Whether dials made by discovery (Kademlia, mDNS) are welcome: below `low`.
+    pub fn wants_peers(&self) -> bool {
+        self.connected.len() < self.bounds.low
+    }
+
+    /// Whether `peer` and this node parted within `PART_MEMORY` (neither redials the other).
+    pub fn is_parted(&self, peer: &PeerId, now: Millis) -> bool {
+        self.parted.get(peer).is_some_and(|&until| until > now)
+    }
+
+    /// Peers met and not connected now.
+    pub fn known(&self) -> usize {
+        self.known.len()
+    }
+
+    /// The peers never asked to part (bootstrap peers) and those asked last (gossip mesh peers), as
+    /// the shell sees them now.
+    pub fn keep(&mut self, bootstrap: BTreeSet<PeerId>, mesh: BTreeSet<PeerId>) {
+        self.keep = bootstrap;
+        self.mesh = mesh;
+    }
+
+    /// A first connection to `peer`.
+    pub fn connected(&mut self, peer: PeerId, now: Millis) {
+        self.connected.insert(peer, now);
+        self.known.remove(&peer);
+        if self.dialing.is_some_and(|(p, _)| p == peer) {
+            self.dialing = None;
+        }
+    }
+
+    /// This node heard of `peer` (mDNS, or a peer's address book): a candidate for later dials.
+    pub fn heard_of(&mut self, peer: PeerId, now: Millis) {
+        if !self.connected.contains_key(&peer) && !self.known.contains_key(&peer) {
+            Self::make_room(&mut self.known, |k| k.seen);
+            self.known.insert(peer, Known { lost: None, tried: 0, seen: now });
+        }
+    }
+
+    /// The last connection to `peer` closed. True if the two had agreed to part: the close is no
+    /// sign of failure.
+    pub fn closed(&mut self, peer: PeerId, now: Millis) -> bool {
+        self.connected.remove(&peer);
+        if self.asking == Some(peer) {
+            self.asking = None;
+        }
+        let parted = self.is_parted(&peer, now);
+        Self::make_room(&mut self.known, |k| k.seen);
+        let tried = self.known.get(&peer).map_or(0, |k| k.tried);
+        self.known.insert(peer, Known { lost: (!parted).then_some(now), tried, seen: now });
+        parted
+    }
+
+    /// A dial of `peer` failed.
+    pub fn dial_failed(&mut self, peer: PeerId) {
+        if self.dialing.is_some_and(|(p, _)| p == peer) {
+            self.dialing = None;
+        }
+    }
+
+    /// `peer` asks this node to part. Agreed while this node keeps more than `low` others and is not
+    /// `busy` with `peer` (a sync under way). A bootstrap peer may ask too: a node needs its bootstrap
+    /// peers to join, not once it holds `low` others (it dials them again only below `low`).
+    pub fn part_asked(&mut self, peer: PeerId, busy: bool, now: Millis) -> bool {
+        let agree = self.connected.contains_key(&peer) && self.connected.len() > self.bounds.low && !busy;
+        if agree {
+            Self::make_room(&mut self.parted, |&until| until);
+            self.parted.insert(peer, now + PART_MEMORY.as_millis() as Millis);
+        }
+        agree
+    }
+
+    /// `peer`'s answer to this node's request to part (`None`: no answer).
+    pub fn answered(&mut self, peer: PeerId, agreed: Option<bool>, now: Millis) -> Vec<Action> {
+        if self.asking == Some(peer) {
+            self.asking = None;
+        }
+        if agreed == Some(true) && self.connected.contains_key(&peer) {
+            Self::make_room(&mut self.parted, |&until| until);
+            self.parted.insert(peer, now + PART_MEMORY.as_millis() as Millis);
+            return vec![Action::Disconnect(peer)];
+        }
+        Self::make_room(&mut self.declined, |&until| until);
+        self.declined.insert(peer, now + DECLINED_MEMORY.as_millis() as Millis);
+        Vec::new()
+    }
+
+    /// Runs every `DETECT_TICK`: asks a peer to part above `high`, dials one below `low` or at the
+    /// shuffle. `busy(peer)`: a sync with `peer` is under way.
+    pub fn tick(&mut self, now: Millis, busy: impl Fn(&PeerId) -> bool, rng: &mut impl Rng) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.parted.retain(|_, &mut until| until > now);
+        self.declined.retain(|_, &mut until| until > now);
+        if self.dialing.is_some_and(|(_, at)| at + TARGET_DIAL_TIMEOUT.as_millis() as Millis <= now) {
+            self.dialing = None;
+        }
+        if self.connected.len() > self.bounds.high && self.asking.is_none() {
+            let min_age = PART_MIN_AGE.as_millis() as Millis;
+            let eligible: Vec<PeerId> = self
+                .connected
+                .iter()
+                .filter(|(p, &since)| {
+                    since + min_age <= now
+                        && !self.keep.contains(p)
+                        && !self.declined.contains_key(p)
+                        && !busy(p)
+                })
+                .map(|(p, _)| *p)
+                .collect();
+            // A gossip mesh peer only when no other is left: gossipsub grafts another at its next
+            // heartbeat, but a message under way may take the longer path meanwhile.
+            let others = eligible.iter().filter(|p| !self.mesh.contains(p)).choose(rng).copied();
+            let candidate = others.or_else(|| eligible.iter().choose(rng).copied());
+            if let Some(peer) = candidate {
+                self.asking = Some(peer);
+                out.push(Action::AskToPart(peer));
+            }
+        }
+        let shuffle = self.next_shuffle.is_none_or(|at| now >= at);
+        if shuffle {
+            self.next_shuffle = Some(now + SHUFFLE_INTERVAL.as_millis() as Millis);
+        }
+        let below = self.connected.len() < self.bounds.low;
+        if (below || shuffle) && self.dialing.is_none() {
+            if let Some(peer) = self.pick(now, !below) {
+                if let Some(k) = self.known.get_mut(&peer) {
+                    k.tried = now;
+                }
+                self.dialing = Some((peer, now));
+                out.push(Action::Dial(peer));
+            }
+        }
+        out
+    }
+
+    /// The next peer to dial, none tried within `TARGET_DIAL_TIMEOUT`. For the shuffle, one lost within `LOST_FIRST` (a close it did not agree
+    /// to: across a partition, say) before any other, never one parted within `PART_MEMORY`. Below
+    /// `low`, the least recently tried first and, of those, one not lost first (it most likely
+    /// answers); one parted with only when nobody else is left (it asked to part when it held more
+    /// than `high`).
+    fn pick(&self, now: Millis, shuffle: bool) -> Option<PeerId> {
+        let recent = LOST_FIRST.as_millis() as Millis;
+        let retry = TARGET_DIAL_TIMEOUT.as_millis() as Millis;
+        self.known
+            .iter()
+            .filter(|(p, k)| !self.connected.contains_key(*p) && (k.tried == 0 || k.tried + retry <= now))
+            .filter(|(p, _)| !shuffle || !self.is_parted(p, now))
+            .min_by_key(|(p, k)| {
+                let lost = k.lost.is_some_and(|at| at + recent > now);
+                if shuffle {
+                    (false, !lost as u64, k.tried, **p)
+                } else {
+                    (self.is_parted(p, now), k.tried, lost as u64, **p)
+                }
+            })
+            .map(|(p, _)| *p)
+    }
+
+    /// Drops the entry with the smallest `key` when `map` is full.
+    fn make_room<V>(map: &mut HashMap<PeerId, V>, key: impl Fn(&V) -> Millis) {
+        if map.len() >= MAX_KNOWN_PEERS {
+            if let Some(oldest) = map.iter().min_by_key(|(_, v)| key(v)).map(|(p, _)| *p) {
+                map.remove(&oldest);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libp2p::identity::Keypair;
+    use rand::SeedableRng;
+
+    fn peer(n: u16) -> PeerId {
+        let mut bytes = [7u8; 32];
+        bytes[..2].copy_from_slice(&n.to_be_bytes());
+        Keypair::ed25519_from_bytes(bytes).unwrap().public().to_peer_id()
+    }
+
+    fn rng() -> rand::rngs::StdRng {
+        rand::rngs::StdRng::seed_from_u64(3)
+    }
+
+    const AGE: Millis = PART_MIN_AGE.as_millis() as Millis;
+
+    fn target(low: usize, high: usize, connected: u16) -> Target {
+        let mut t = Target::new(Bounds { low, high });
+        for i in 1..=connected {
+            t.connected(peer(i), 0);
+        }
+        t
+    }
+
+    fn asked(actions: &[Action]) -> Vec<PeerId> {
+        actions.iter().filter_map(|a| if let Action::AskToPart(p) = a { Some(*p) } else { None }).collect()
+    }
+
+    #[test]
+    fn above_high_one_peer_at_a_time_is_asked_to_part_never_one_kept_busy_or_new() {
+        let mut t = target(2, 4, 6);
+        t.keep([peer(1), peer(2)].into(), [peer(4), peer(5), peer(6)].into());
+        assert!(asked(&t.tick(AGE - 1, |_| false, &mut rng())).is_empty(), "connections too new");
+        let busy = peer(3);
+        let first = asked(&t.tick(AGE, |p| *p == busy, &mut rng()));
+        assert_eq!(first, vec![peer(4)], "a gossip mesh peer only when no other may be asked");
+        assert!(asked(&t.tick(AGE + 1, |_| false, &mut rng())).is_empty(), "one question at a time");
+        // It agrees: disconnect, and the close that follows is no failure.
+        assert_eq!(t.answered(first[0], Some(true), AGE + 2), vec![Action::Disconnect(first[0])]);
+        assert!(t.closed(first[0], AGE + 3));
+        assert!(t.is_parted(&first[0], AGE + 3));
+        // The next one declines: not asked again for a while.
+        let second = asked(&t.tick(AGE + 4, |_| false, &mut rng()));
+        assert_eq!(second.len(), 1);
+        assert!(t.answered(second[0], Some(false), AGE + 5).is_empty());
+        for at in AGE + 6..AGE + 40 {
+            for p in asked(&t.tick(at, |_| false, &mut rng())) {
+                assert_ne!(p, second[0]);
+                t.answered(p, None, at);
+            }
+        }
+        // Four left, the high bound: nobody else is asked.
+        let mut t = target(2, 4, 4);
+        assert!(asked(&t.tick(AGE, |_| false, &mut rng())).is_empty());
+    }
+
+    #[test]
+    fn a_peer_agrees_to_part_only_while_it_keeps_more_than_low() {
+        let mut t = target(3, 6, 4);
+        assert!(!t.part_asked(peer(1), true, 0), "a sync under way");
+        assert!(!t.part_asked(peer(9), false, 0), "not connected");
+        assert!(t.part_asked(peer(1), false, 0));
+        assert!(!t.closed(peer(3), 1), "a close it did not agree to is a loss");
+        assert!(t.closed(peer(1), 1), "the agreed close is no failure");
+        assert!(!t.part_asked(peer(4), false, 2), "three left: the low bound");
+        assert!(!t.is_parted(&peer(1), PART_MEMORY.as_millis() as Millis + 1));
+    }
+
+    fn dials(actions: Vec<Action>) -> Vec<PeerId> {
+        actions.into_iter().filter_map(|a| if let Action::Dial(p) = a { Some(p) } else { None }).collect()
+    }
+
+    #[test]
+    fn below_low_it_dials_peers_likely_to_answer_one_at_a_time() {
+        let mut t = target(3, 6, 5);
+        t.tick(0, |_| false, &mut rng()); // the first shuffle: nobody known yet
+        t.part_asked(peer(1), false, 1);
+        assert!(t.closed(peer(1), 2), "parted");
+        assert!(!t.closed(peer(2), 3), "lost");
+        t.heard_of(peer(20), 4);
+        assert!(!t.wants_peers(), "three left: the low bound");
+        assert!(dials(t.tick(5, |_| false, &mut rng())).is_empty(), "no shuffle due yet");
+        t.closed(peer(3), 6);
+        assert!(t.wants_peers());
+        let first = dials(t.tick(7, |_| false, &mut rng()));
+        assert_eq!(first, vec![peer(20)], "one not lost first, never one parted with");
+        assert!(dials(t.tick(8, |_| false, &mut rng())).is_empty(), "one dial at a time");
+        t.dial_failed(peer(20));
+        let second = dials(t.tick(9, |_| false, &mut rng()));
+        assert_eq!(second.len(), 1);
+        assert!([peer(2), peer(3)].contains(&second[0]), "then the lost; one parted with last");
+        // A dial that never reports back is given up after its timeout.
+        let later = 9 + TARGET_DIAL_TIMEOUT.as_millis() as Millis;
+        let third = dials(t.tick(later, |_| false, &mut rng()));
+        assert_eq!(third.len(), 1);
+        assert_ne!(third[0], second[0], "the least recently tried first");
+        assert!([peer(2), peer(3)].contains(&third[0]));
+        t.connected(third[0], later + 1);
+        assert!(!t.wants_peers());
+    }
+
+    #[test]
+    fn a_peer_parted_with_is_dialled_below_low_only_when_nobody_else_is_left_to_try() {
+        let mut t = target(3, 6, 4);
+        t.tick(0, |_| false, &mut rng());
+        t.part_asked(peer(1), false, 1);
+        t.closed(peer(1), 2);
+        t.closed(peer(2), 3); // lost, and dead
+        let retry = TARGET_DIAL_TIMEOUT.as_millis() as Millis;
+        assert_eq!(dials(t.tick(4, |_| false, &mut rng())), vec![peer(2)]);
+        t.dial_failed(peer(2));
+        // The dead one is not dialled again within the retry time: the one parted with is.
+        assert_eq!(dials(t.tick(5, |_| false, &mut rng())), vec![peer(1)]);
+        t.dial_failed(peer(1));
+        assert!(dials(t.tick(6, |_| false, &mut rng())).is_empty(), "both wait out the retry time");
+        assert_eq!(dials(t.tick(4 + retry, |_| false, &mut rng())), vec![peer(2)]);
+    }
+
+    #[test]
+    fn the_shuffle_dials_one_peer_every_interval_lost_ones_first() {
+        let mut t = target(2, 8, 4);
+        t.heard_of(peer(30), 0);
+        t.closed(peer(4), 0); // lost: across a partition, say
+        let shuffle = SHUFFLE_INTERVAL.as_millis() as Millis;
+        assert_eq!(t.tick(1, |_| false, &mut rng()), vec![Action::Dial(peer(4))]);
+        t.dial_failed(peer(4));
+        assert!(t.tick(2, |_| false, &mut rng()).is_empty(), "not before the next shuffle");
+        // A peer lost is tried again at every shuffle while it was lost recently...
+        assert_eq!(t.tick(1 + shuffle, |_| false, &mut rng()), vec![Action::Dial(peer(4))]);
+        t.dial_failed(peer(4));
+        // ... and then takes its turn with the others, the least recently tried first.
+        let late = LOST_FIRST.as_millis() as Millis;
+        assert_eq!(t.tick(late, |_| false, &mut rng()), vec![Action::Dial(peer(30))]);
+        t.dial_failed(peer(30));
+        assert_eq!(t.tick(late + shuffle, |_| false, &mut rng()), vec![Action::Dial(peer(4))]);
+    }
+
+    #[test]
+    fn what_it_remembers_is_bounded() {
+        let mut t = target(1, 2, 0);
+        for i in 0..(MAX_KNOWN_PEERS as u16 + 10) {
+            t.connected(peer(i), i as Millis);
+            t.closed(peer(i), i as Millis);
+            t.heard_of(peer(i.wrapping_add(20_000)), i as Millis);
+        }
+        assert!(t.known.len() <= MAX_KNOWN_PEERS);
+        assert!(t.parted.len() <= MAX_KNOWN_PEERS && t.declined.len() <= MAX_KNOWN_PEERS);
+    }
+}

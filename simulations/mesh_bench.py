@@ -169,21 +169,30 @@ def pct(values, p):
 
 
 def tcp_bytes(pids):
-    """Sum of bytes_sent + bytes_received over each pid's TCP sockets, from ss."""
+    """bytes_sent + bytes_received of each pid's TCP sockets, from ss: {pid: {(local, peer): bytes}}."""
     out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True).stdout
-    totals = {pid: 0 for pid in pids}
+    sockets = {pid: {} for pid in pids}
     current = None
     for line in out.splitlines():
         m = re.search(r"pid=(\d+)", line)
         if m:
-            current = int(m.group(1))
+            fields = line.split()
+            current = (int(m.group(1)), tuple(fields[3:5]))
             continue
-        if current in totals:
+        if current and current[0] in sockets:
             for key in ("bytes_sent", "bytes_received"):
                 m = re.search(key + r":(\d+)", line)
                 if m:
-                    totals[current] += int(m.group(1))
-    return totals
+                    by_socket = sockets[current[0]]
+                    by_socket[current[1]] = by_socket.get(current[1], 0) + int(m.group(1))
+    return sockets
+
+
+def bytes_between(before, after):
+    """What a process's sockets carried between two `tcp_bytes` samples: sockets open at both counted
+    from the first, sockets opened since counted whole; a socket closed meanwhile is not counted (a
+    connection target trades connections, so sockets come and go)."""
+    return sum(n - before.get(key, 0) for key, n in after.items())
 
 
 def total(n):
@@ -280,7 +289,7 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
     result["connected_peers"] = {"min": peers[0], "median": statistics.median(peers), "max": peers[-1]}
     # Each loopback byte is counted by both ends (sent by one, received by the other), which is what a
     # node's interface would carry: sent + received per node.
-    rates = [(after[p] - before[p]) / elapsed for p in pids]
+    rates = [bytes_between(before[p], after[p]) / elapsed for p in pids]
     result["steady_bytes_per_s_per_node"] = {"mean": statistics.mean(rates), "max": max(rates), "agents": agents}
     result["rss_mb"] = {"mean": statistics.mean(n.rss_mb() for n in nodes), "max": max(n.rss_mb() for n in nodes)}
 

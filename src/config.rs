@@ -125,8 +125,8 @@ pub struct Config {
     /// taken until some leave the view. At least `max_agents_per_publisher`. Default 100,000.
     pub max_remote_records: usize,
     /// Established libp2p connections at most, inbound and outbound together; past it new ones are
-    /// refused (`connections_denied` in `/api/v1/mesh/status`). Every node connects to every peer it
-    /// learns of, so a mesh of more nodes needs it raised. Default 512; 1 to 16,384.
+    /// refused (`connections_denied` in `/api/v1/mesh/status`). A safety bound: a node settles between
+    /// `peer_low` and `peer_high` connections. Default 512; 1 to 16,384.
     pub max_connections: u32,
     /// Connections the node keeps at least: below it, it dials peers it knows and lets Kademlia and
     /// mDNS dial. Default 8; 1 to `peer_high`.

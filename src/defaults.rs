@@ -160,8 +160,8 @@ pub const MAX_REMOTE_RECORDS_CEILING: usize = 2_000_000;
 /// Established libp2p connections at most, inbound and outbound together, by default (`max_connections`):
 /// past it a new connection is closed as soon as its handshake ends, and this node does not dial. A
 /// connection costs about 170-200 KB of buffers (BENCHMARKS.md, "What a mesh at rest costs"), so this
-/// bounds them near 100 MB. Today every node connects to every other (docs/SCALE.md 4.1), so a mesh of
-/// more nodes than this needs the limit raised on each.
+/// bounds them near 100 MB. A safety bound, not a target: a node settles between `PEER_LOW` and
+/// `PEER_HIGH` connections whatever the mesh's size (docs/SCALE.md 4.1).
 pub const MAX_CONNECTIONS: u32 = 512;
 /// Highest `max_connections` accepted.
 pub const MAX_CONNECTIONS_CEILING: u32 = 16_384;

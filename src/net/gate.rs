@@ -33,7 +33,6 @@ impl std::fmt::Display for Settled {
 
 impl std::error::Error for Settled {}
 
-#[derive(Default)]
 pub(super) struct Gate {
     /// Dials by others are let through (fewer than `peer_low` connections).
     open: bool,

@@ -267,6 +267,9 @@ pub const PART_MEMORY: Duration = Duration::from_secs(60);
 /// How long a peer that declined to part (it held `peer_low` or fewer, or was syncing) is not asked
 /// again.
 pub const DECLINED_MEMORY: Duration = Duration::from_secs(5);
+/// Requests to part awaiting their answers at most (the connection target asks as many as it holds
+/// connections over `peer_high`, up to this).
+pub const MAX_PART_ASKS: usize = 8;
 /// A connection younger than this is never asked to part: it gets its first sync round.
 pub const PART_MIN_AGE: Duration = Duration::from_secs(5);
 /// How often a node trades a connection for a peer it knows and is not connected to (the shuffle

@@ -3,7 +3,8 @@
 //!
 //! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time; the shell lets
 //!   Kademlia and mDNS dial on their own only while below `low` too ([`Target::wants_peers`]).
-//! - **Above `high`** it asks one peer at a time to part: never one of its bootstrap peers, one in the
+//! - **Above `high`** it asks as many peers to part as it holds connections over `high` (at most
+//!   [`MAX_PART_ASKS`] awaiting answers at once): never one of its bootstrap peers, one in the
 //!   middle of a sync with it, or one connected for less than [`PART_MIN_AGE`]; a gossip mesh peer
 //!   only when no other is left (the shell gives both sets). The peer agrees while it keeps more than
 //!   `low` others and no sync with the asker is under way ([`Target::part_asked`]); a bootstrap
@@ -25,8 +26,8 @@ use rand::Rng;
 
 use crate::clock::Millis;
 pub use crate::defaults::{
-    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, PART_MEMORY, PART_MIN_AGE, PEER_HIGH, PEER_LOW,
-    SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
+    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, MAX_PART_ASKS, PART_MEMORY, PART_MIN_AGE, PEER_HIGH,
+    PEER_LOW, SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
 };
 
 /// How many connections a node keeps.
@@ -84,7 +85,8 @@ pub struct Target {
     /// Peers met before and not connected now (at most `MAX_KNOWN_PEERS`).
     known: HashMap<PeerId, Known>,
     /// The peer asked to part, awaiting its answer.
-    asking: Option<PeerId>,
+    /// Peers asked to part, awaiting their answers (at most `MAX_PART_ASKS`).
+    asking: BTreeSet<PeerId>,
     /// The dial under way for the target, and when it started.
     dialing: Option<(PeerId, Millis)>,
     next_shuffle: Option<Millis>,
@@ -100,7 +102,7 @@ impl Target {
             parted: HashMap::new(),
             declined: HashMap::new(),
             known: HashMap::new(),
-            asking: None,
+            asking: BTreeSet::new(),
             dialing: None,
             next_shuffle: None,
         }
@@ -162,9 +164,7 @@ impl Target {
     /// sign of failure.
     pub fn closed(&mut self, peer: PeerId, now: Millis) -> bool {
         self.connected.remove(&peer);
-        if self.asking == Some(peer) {
-            self.asking = None;
-        }
+        self.asking.remove(&peer);
         let parted = self.is_parted(&peer, now);
         Self::make_room(&mut self.known, |k| k.seen);
         let tried = self.known.get(&peer).map_or(0, |k| k.tried);
@@ -193,9 +193,7 @@ impl Target {
 
     /// `peer`'s answer to this node's request to part (`None`: no answer).
     pub fn answered(&mut self, peer: PeerId, agreed: Option<bool>, now: Millis) -> Vec<Action> {
-        if self.asking == Some(peer) {
-            self.asking = None;
-        }
+        self.asking.remove(&peer);
         if agreed == Some(true) && self.connected.contains_key(&peer) {
             Self::make_room(&mut self.parted, |&until| until);
             self.parted.insert(peer, now + PART_MEMORY.as_millis() as Millis);
@@ -215,7 +213,11 @@ impl Target {
         if self.dialing.is_some_and(|(_, at)| at + TARGET_DIAL_TIMEOUT.as_millis() as Millis <= now) {
             self.dialing = None;
         }
-        if self.connected.len() > self.bounds.high && self.asking.is_none() {
+        // As many asked at once as there are connections over `high` (at most `MAX_PART_ASKS`): a
+        // bootstrap node that a whole mesh joined through sheds them in round trips, not one per tick.
+        let excess = self.connected.len().saturating_sub(self.bounds.high);
+        let room = excess.min(MAX_PART_ASKS).saturating_sub(self.asking.len());
+        if room > 0 {
             let min_age = PART_MIN_AGE.as_millis() as Millis;
             let eligible: Vec<PeerId> = self
                 .connected
@@ -224,16 +226,20 @@ impl Target {
                     since + min_age <= now
                         && !self.keep.contains(p)
                         && !self.declined.contains_key(p)
+                        && !self.asking.contains(p)
                         && !busy(p)
                 })
                 .map(|(p, _)| *p)
                 .collect();
-            // A gossip mesh peer only when no other is left: gossipsub grafts another at its next
+            // Gossip mesh peers only when no other is left: gossipsub grafts another at its next
             // heartbeat, but a message under way may take the longer path meanwhile.
-            let others = eligible.iter().filter(|p| !self.mesh.contains(p)).choose(rng).copied();
-            let candidate = others.or_else(|| eligible.iter().choose(rng).copied());
-            if let Some(peer) = candidate {
-                self.asking = Some(peer);
+            let (others, mesh): (Vec<PeerId>, Vec<PeerId>) =
+                eligible.into_iter().partition(|p| !self.mesh.contains(p));
+            let mut chosen = others.into_iter().choose_multiple(rng, room);
+            let left = room - chosen.len();
+            chosen.extend(mesh.into_iter().choose_multiple(rng, left));
+            for peer in chosen {
+                self.asking.insert(peer);
                 out.push(Action::AskToPart(peer));
             }
         }
@@ -318,28 +324,36 @@ mod tests {
     }
 
     #[test]
-    fn above_high_one_peer_at_a_time_is_asked_to_part_never_one_kept_busy_or_new() {
+    fn above_high_as_many_as_are_over_are_asked_to_part_never_one_kept_busy_or_new() {
         let mut t = target(2, 4, 6);
-        t.keep([peer(1), peer(2)].into(), [peer(4), peer(5), peer(6)].into());
+        t.keep([peer(1), peer(2)].into(), [peer(5), peer(6)].into());
         assert!(asked(&t.tick(AGE - 1, |_| false, &mut rng())).is_empty(), "connections too new");
         let busy = peer(3);
         let first = asked(&t.tick(AGE, |p| *p == busy, &mut rng()));
-        assert_eq!(first, vec![peer(4)], "a gossip mesh peer only when no other may be asked");
-        assert!(asked(&t.tick(AGE + 1, |_| false, &mut rng())).is_empty(), "one question at a time");
-        // It agrees: disconnect, and the close that follows is no failure.
+        assert_eq!(first.len(), 2, "two over high: two asked");
+        assert_eq!(first[0], peer(4), "a gossip mesh peer only when no other may be asked");
+        assert!([peer(5), peer(6)].contains(&first[1]));
+        assert!(asked(&t.tick(AGE + 1, |_| false, &mut rng())).is_empty(), "both still awaiting answers");
+        // One agrees: disconnect, and the close that follows is no failure.
         assert_eq!(t.answered(first[0], Some(true), AGE + 2), vec![Action::Disconnect(first[0])]);
         assert!(t.closed(first[0], AGE + 3));
         assert!(t.is_parted(&first[0], AGE + 3));
-        // The next one declines: not asked again for a while.
-        let second = asked(&t.tick(AGE + 4, |_| false, &mut rng()));
+        assert!(asked(&t.tick(AGE + 4, |_| false, &mut rng())).is_empty(), "one over, one asked");
+        // The other declines: not asked again for a while, another one is.
+        assert!(t.answered(first[1], Some(false), AGE + 5).is_empty());
+        let second = asked(&t.tick(AGE + 6, |_| false, &mut rng()));
         assert_eq!(second.len(), 1);
-        assert!(t.answered(second[0], Some(false), AGE + 5).is_empty());
-        for at in AGE + 6..AGE + 40 {
+        assert_ne!(second[0], first[1]);
+        t.answered(second[0], None, AGE + 7);
+        for at in AGE + 8..AGE + 40 {
             for p in asked(&t.tick(at, |_| false, &mut rng())) {
-                assert_ne!(p, second[0]);
+                assert_ne!(p, first[1]);
                 t.answered(p, None, at);
             }
         }
+        // Far over high: at most `MAX_PART_ASKS` at once.
+        let mut t = target(2, 4, 40);
+        assert_eq!(asked(&t.tick(AGE, |_| false, &mut rng())).len(), MAX_PART_ASKS);
         // Four left, the high bound: nobody else is asked.
         let mut t = target(2, 4, 4);
         assert!(asked(&t.tick(AGE, |_| false, &mut rng())).is_empty());

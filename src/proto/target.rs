@@ -131,11 +131,6 @@ impl Target {
         self.parted.get(peer).is_some_and(|&until| until > now)
     }
 
-    /// Peers met and not connected now.
-    pub fn known(&self) -> usize {
-        self.known.len()
-    }
-
     /// The peers never asked to part (bootstrap peers) and those asked last (gossip mesh peers), as
     /// the shell sees them now.
     pub fn keep(&mut self, bootstrap: BTreeSet<PeerId>, mesh: BTreeSet<PeerId>) {

@@ -1034,8 +1034,8 @@ impl Sim {
                 if self.alive(node, epoch) {
                     let horizon = self.now.saturating_sub(REQUEST_TIMEOUT);
                     self.fail_requests(node, |_, at| at <= horizon);
-                    // The connection target never asks its bootstrap peer to part, and a gossip mesh
-                    // peer only when no other is left.
+                    // The connection target asks a gossip mesh peer to part only when no other is
+                    // left, and its bootstrap peer after that.
                     let n = &self.nodes[node];
                     let bootstrap = n.wants.first().map(|&p| self.nodes[p].peer).into_iter().collect();
                     let mesh = n.mesh.iter().map(|&p| self.nodes[p].peer).collect();

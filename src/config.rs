@@ -131,8 +131,9 @@ pub struct Config {
     /// Connections the node keeps at least: below it, it dials peers it knows and lets Kademlia and
     /// mDNS dial. Default 8; 1 to `peer_high`.
     pub peer_low: usize,
-    /// Connections the node keeps at most once settled: above it, it asks peers (never its bootstrap
-    /// or gossip mesh peers) to part. Default 16; `peer_low` to `max_connections`.
+    /// Connections the node keeps at most once settled: above it, it asks peers to part (its gossip
+    /// mesh peers, then its bootstrap peers, only when nobody else will). Default 16; `peer_low` to
+    /// `max_connections`.
     pub peer_high: usize,
     /// Start even if the store lost local agents it had acknowledged (truncated or corrupted files),
     /// continuing with what it holds. Default off: such a store is an error at start.

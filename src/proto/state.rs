@@ -236,7 +236,8 @@ impl State {
         &self.target
     }
 
-    /// The peers never asked to part (bootstrap peers) and those asked last (gossip mesh peers).
+    /// The peers asked to part last of all (bootstrap peers) and those asked only before them (gossip
+    /// mesh peers).
     pub fn keep(&mut self, bootstrap: BTreeSet<PeerId>, mesh: BTreeSet<PeerId>) {
         self.target.keep(bootstrap, mesh);
     }

@@ -4,9 +4,9 @@
 //! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time; the shell lets
 //!   Kademlia and mDNS dial on their own only while below `low` too ([`Target::wants_peers`]).
 //! - **Above `high`** it asks as many peers to part as it holds connections over `high` (at most
-//!   [`MAX_PART_ASKS`] awaiting answers at once): never one of its bootstrap peers, one in the
-//!   middle of a sync with it, or one connected for less than [`PART_MIN_AGE`]; a gossip mesh peer
-//!   only when no other is left (the shell gives both sets). The peer agrees while it keeps more than
+//!   [`MAX_PART_ASKS`] awaiting answers at once): never one in the middle of a sync with it or one
+//!   connected for less than [`PART_MIN_AGE`]; a gossip mesh peer only when no other is left, and one
+//!   of its bootstrap peers after that (the shell gives both sets). The peer agrees while it keeps more than
 //!   `low` others and no sync with the asker is under way ([`Target::part_asked`]); a bootstrap
 //!   node's joiners thus leave it once they hold others, and dial it again only below `low`. Both
 //!   sides record the parting, so the close that follows starts no suspicion and no redial, and
@@ -73,7 +73,7 @@ pub struct Target {
     bounds: Bounds,
     /// Connected peers, and since when.
     connected: BTreeMap<PeerId, Millis>,
-    /// Peers never asked to part: bootstrap peers (set by the shell).
+    /// Peers asked to part last of all: bootstrap peers (set by the shell).
     keep: BTreeSet<PeerId>,
     /// Gossip mesh peers: asked to part only when no other peer may be (set by the shell).
     mesh: BTreeSet<PeerId>,
@@ -131,8 +131,8 @@ impl Target {
         self.parted.get(peer).is_some_and(|&until| until > now)
     }
 
-    /// The peers never asked to part (bootstrap peers) and those asked last (gossip mesh peers), as
-    /// the shell sees them now.
+    /// The peers asked to part last of all (bootstrap peers) and those asked only before them (gossip
+    /// mesh peers), as the shell sees them now.
     pub fn keep(&mut self, bootstrap: BTreeSet<PeerId>, mesh: BTreeSet<PeerId>) {
         self.keep = bootstrap;
         self.mesh = mesh;
@@ -219,7 +219,6 @@ impl Target {
                 .iter()
                 .filter(|(p, &since)| {
                     since + min_age <= now
-                        && !self.keep.contains(p)
                         && !self.declined.contains_key(p)
                         && !self.asking.contains(p)
                         && !busy(p)
@@ -227,12 +226,15 @@ impl Target {
                 .map(|(p, _)| *p)
                 .collect();
             // Gossip mesh peers only when no other is left: gossipsub grafts another at its next
-            // heartbeat, but a message under way may take the longer path meanwhile.
-            let (others, mesh): (Vec<PeerId>, Vec<PeerId>) =
-                eligible.into_iter().partition(|p| !self.mesh.contains(p));
-            let mut chosen = others.into_iter().choose_multiple(rng, room);
-            let left = room - chosen.len();
-            chosen.extend(mesh.into_iter().choose_multiple(rng, left));
+            // heartbeat, but a message under way may take the longer path meanwhile. Bootstrap peers
+            // last of all: without them, a node whose other peers all hold just `low` (and decline)
+            // would stay over `high` until those partings expire.
+            let tier = |p: &PeerId| u8::from(self.mesh.contains(p)) + 2 * u8::from(self.keep.contains(p));
+            let mut chosen = Vec::with_capacity(room);
+            for t in 0..=3 {
+                let left = room - chosen.len();
+                chosen.extend(eligible.iter().filter(|p| tier(p) == t).copied().choose_multiple(rng, left));
+            }
             for peer in chosen {
                 self.asking.insert(peer);
                 out.push(Action::AskToPart(peer));
@@ -319,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn above_high_as_many_as_are_over_are_asked_to_part_never_one_kept_busy_or_new() {
+    fn above_high_as_many_as_are_over_are_asked_to_part_never_one_busy_or_new_bootstrap_last() {
         let mut t = target(2, 4, 6);
         t.keep([peer(1), peer(2)].into(), [peer(5), peer(6)].into());
         assert!(asked(&t.tick(AGE - 1, |_| false, &mut rng())).is_empty(), "connections too new");
@@ -346,6 +348,18 @@ mod tests {
                 t.answered(p, None, at);
             }
         }
+        // Every other peer declined: a bootstrap peer is asked rather than staying over `high`.
+        let mut t = target(2, 4, 5);
+        t.keep([peer(1), peer(2)].into(), [peer(3)].into());
+        let first = asked(&t.tick(AGE, |_| false, &mut rng()));
+        assert_eq!(first, vec![peer(4)], "neither kept nor in the gossip mesh: asked first");
+        t.answered(peer(4), Some(false), AGE);
+        assert_eq!(asked(&t.tick(AGE + 1, |_| false, &mut rng())), vec![peer(5)]);
+        t.answered(peer(5), Some(false), AGE + 1);
+        assert_eq!(asked(&t.tick(AGE + 2, |_| false, &mut rng())), vec![peer(3)], "then the mesh peer");
+        t.answered(peer(3), Some(false), AGE + 2);
+        let last = asked(&t.tick(AGE + 3, |_| false, &mut rng()));
+        assert!(last == vec![peer(1)] || last == vec![peer(2)], "then a bootstrap peer: {last:?}");
         // Far over high: at most `MAX_PART_ASKS` at once.
         let mut t = target(2, 4, 40);
         assert_eq!(asked(&t.tick(AGE, |_| false, &mut rng())).len(), MAX_PART_ASKS);

@@ -279,6 +279,9 @@ pub const SHUFFLE_INTERVAL: Duration = Duration::from_secs(10);
 pub const LOST_FIRST: Duration = Duration::from_secs(300);
 /// A dial for the connection target that reported nothing by then is given up.
 pub const TARGET_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// An agreed parting whose connection is still open this long after the agreement is forgotten: the
+/// asker never had the answer (it closes at once when it does), so a later close is a loss again.
+pub const PART_CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// Peers the connection target remembers at most (met before, parted with, declined); the oldest
 /// entries go first beyond it.
 pub const MAX_KNOWN_PEERS: usize = 4096;

@@ -1,20 +1,23 @@
 //! The connection target: a node keeps between `low` and `high` connections instead of one to every
 //! node it ever met (`docs/SCALE.md`, section 4.1).
 //!
-//! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time; the shell lets
-//!   Kademlia and mDNS dial on their own only while below `low` too ([`Target::wants_peers`]).
+//! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time (the
+//!   shuffle's own dial aside); the shell lets Kademlia and mDNS dial on their own only while below
+//!   `low` too ([`Target::wants_peers`]).
 //! - **Above `high`** it asks as many peers to part as it holds connections over `high` (at most
 //!   [`MAX_PART_ASKS`] awaiting answers at once): never one in the middle of a sync with it or one
 //!   connected for less than [`PART_MIN_AGE`]; a gossip mesh peer only when no other is left, and one
-//!   of its bootstrap peers after that (the shell gives both sets). The peer agrees while it keeps more than
-//!   `low` others and no sync with the asker is under way ([`Target::part_asked`]); a bootstrap
-//!   node's joiners thus leave it once they hold others, and dial it again only below `low`. Both
-//!   sides record the parting, so the close that follows starts no suspicion and no redial, and
-//!   neither dials the other again for [`PART_MEMORY`] (unless below `low` with nobody else to try).
+//!   of its bootstrap peers after that (the shell gives both sets). The peer agrees while it keeps
+//!   more than `low` others and no sync with the asker is under way ([`Target::part_asked`]); a
+//!   bootstrap node's joiners thus leave it once they hold others, and dial it again only below
+//!   `low`. Both sides record the parting, so the close that follows starts no suspicion and no
+//!   redial, and neither dials the other again for [`PART_MEMORY`] (unless below `low` with nobody
+//!   else to try). A parting whose connection is still open [`PART_CLOSE_WAIT`] later (the asker
+//!   never had the answer) is forgotten.
 //! - **Every [`SHUFFLE_INTERVAL`]** it dials one peer it knows and is not connected to, those it lost
-//!   (a close it did not agree to) first, least recently tried first; once above `high` again, the
-//!   parting trims a connection. During a partition each side's connections stay on its own side; the
-//!   shuffle is what bridges the two once it heals.
+//!   (a close it did not agree to) first, least recently tried first, even while a dial below `low`
+//!   hangs; once above `high` again, the parting trims a connection. During a partition each side's
+//!   connections stay on its own side; the shuffle is what bridges the two once it heals.
 //!
 //! Pure: time is a parameter, choices are drawn from the caller's rng.
 
@@ -26,8 +29,8 @@ use rand::Rng;
 
 use crate::clock::Millis;
 pub use crate::defaults::{
-    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, MAX_PART_ASKS, PART_MEMORY, PART_MIN_AGE, PEER_HIGH,
-    PEER_LOW, SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
+    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, MAX_PART_ASKS, PART_CLOSE_WAIT, PART_MEMORY, PART_MIN_AGE,
+    PEER_HIGH, PEER_LOW, SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
 };
 
 /// How many connections a node keeps.
@@ -87,8 +90,11 @@ pub struct Target {
     /// The peer asked to part, awaiting its answer.
     /// Peers asked to part, awaiting their answers (at most `MAX_PART_ASKS`).
     asking: BTreeSet<PeerId>,
-    /// The dial under way for the target, and when it started.
-    dialing: Option<(PeerId, Millis)>,
+    /// The dial under way below `low`, and when it started.
+    filling: Option<(PeerId, Millis)>,
+    /// The shuffle's dial under way, and when it started: apart from `filling`, so that a dial hanging
+    /// across a partition does not hold back the shuffle that would bridge it once it heals.
+    shuffling: Option<(PeerId, Millis)>,
     next_shuffle: Option<Millis>,
 }
 
@@ -103,7 +109,8 @@ impl Target {
             declined: HashMap::new(),
             known: HashMap::new(),
             asking: BTreeSet::new(),
-            dialing: None,
+            filling: None,
+            shuffling: None,
             next_shuffle: None,
         }
     }
@@ -142,9 +149,7 @@ impl Target {
     pub fn connected(&mut self, peer: PeerId, now: Millis) {
         self.connected.insert(peer, now);
         self.known.remove(&peer);
-        if self.dialing.is_some_and(|(p, _)| p == peer) {
-            self.dialing = None;
-        }
+        self.dial_ended(peer);
     }
 
     /// This node heard of `peer` (mDNS, or a peer's address book): a candidate for later dials.
@@ -169,8 +174,14 @@ impl Target {
 
     /// A dial of `peer` failed.
     pub fn dial_failed(&mut self, peer: PeerId) {
-        if self.dialing.is_some_and(|(p, _)| p == peer) {
-            self.dialing = None;
+        self.dial_ended(peer);
+    }
+
+    fn dial_ended(&mut self, peer: PeerId) {
+        for slot in [&mut self.filling, &mut self.shuffling] {
+            if slot.is_some_and(|(p, _)| p == peer) {
+                *slot = None;
+            }
         }
     }
 
@@ -203,10 +214,19 @@ impl Target {
     /// shuffle. `busy(peer)`: a sync with `peer` is under way.
     pub fn tick(&mut self, now: Millis, busy: impl Fn(&PeerId) -> bool, rng: &mut impl Rng) -> Vec<Action> {
         let mut out = Vec::new();
-        self.parted.retain(|_, &mut until| until > now);
+        // A parting whose connection outlived `PART_CLOSE_WAIT` never completed (the answer was lost):
+        // forgotten, so that the close, when it comes, is a loss like any other.
+        let (memory, wait) = (PART_MEMORY.as_millis() as Millis, PART_CLOSE_WAIT.as_millis() as Millis);
+        let connected = &self.connected;
+        self.parted.retain(|p, &mut until| {
+            until > now && !(connected.contains_key(p) && until.saturating_sub(memory) + wait <= now)
+        });
         self.declined.retain(|_, &mut until| until > now);
-        if self.dialing.is_some_and(|(_, at)| at + TARGET_DIAL_TIMEOUT.as_millis() as Millis <= now) {
-            self.dialing = None;
+        let timeout = TARGET_DIAL_TIMEOUT.as_millis() as Millis;
+        for slot in [&mut self.filling, &mut self.shuffling] {
+            if slot.is_some_and(|(_, at)| at + timeout <= now) {
+                *slot = None;
+            }
         }
         // As many asked at once as there are connections over `high` (at most `MAX_PART_ASKS`): a
         // bootstrap node that a whole mesh joined through sheds them in round trips, not one per tick.
@@ -244,17 +264,24 @@ impl Target {
         if shuffle {
             self.next_shuffle = Some(now + SHUFFLE_INTERVAL.as_millis() as Millis);
         }
-        let below = self.connected.len() < self.bounds.low;
-        if (below || shuffle) && self.dialing.is_none() {
-            if let Some(peer) = self.pick(now, !below) {
-                if let Some(k) = self.known.get_mut(&peer) {
-                    k.tried = now;
-                }
-                self.dialing = Some((peer, now));
-                out.push(Action::Dial(peer));
-            }
+        // A peer being dialled was tried just now: `pick` passes it over.
+        if self.connected.len() < self.bounds.low && self.filling.is_none() {
+            self.filling = self.dial(now, false, &mut out);
+        }
+        if shuffle && self.shuffling.is_none() {
+            self.shuffling = self.dial(now, true, &mut out);
         }
         out
+    }
+
+    /// Picks a peer to dial (see [`pick`](Self::pick)) and dials it: the dial under way, if any.
+    fn dial(&mut self, now: Millis, shuffle: bool, out: &mut Vec<Action>) -> Option<(PeerId, Millis)> {
+        let peer = self.pick(now, shuffle)?;
+        if let Some(k) = self.known.get_mut(&peer) {
+            k.tried = now;
+        }
+        out.push(Action::Dial(peer));
+        Some((peer, now))
     }
 
     /// The next peer to dial, none tried within `TARGET_DIAL_TIMEOUT`. For the shuffle, one lost within `LOST_FIRST` (a close it did not agree
@@ -403,10 +430,11 @@ mod tests {
         let second = dials(t.tick(9, |_| false, &mut rng()));
         assert_eq!(second.len(), 1);
         assert!([peer(2), peer(3)].contains(&second[0]), "then the lost; one parted with last");
-        // A dial that never reports back is given up after its timeout.
+        // A dial that never reports back is given up after its timeout. (The shuffle, due by then too,
+        // dials beside it.)
         let later = 9 + TARGET_DIAL_TIMEOUT.as_millis() as Millis;
         let third = dials(t.tick(later, |_| false, &mut rng()));
-        assert_eq!(third.len(), 1);
+        assert_eq!(third.len(), 2, "{third:?}");
         assert_ne!(third[0], second[0], "the least recently tried first");
         assert!([peer(2), peer(3)].contains(&third[0]));
         t.connected(third[0], later + 1);
@@ -447,6 +475,37 @@ mod tests {
         assert_eq!(t.tick(late, |_| false, &mut rng()), vec![Action::Dial(peer(30))]);
         t.dial_failed(peer(30));
         assert_eq!(t.tick(late + shuffle, |_| false, &mut rng()), vec![Action::Dial(peer(4))]);
+    }
+
+    #[test]
+    fn the_shuffle_dials_beside_a_dial_that_hangs() {
+        let mut t = target(3, 8, 1);
+        t.tick(0, |_| false, &mut rng()); // the first shuffle: nobody known yet
+        t.closed(peer(1), 1); // lost: across a partition, say
+        t.heard_of(peer(2), 1);
+        // Below low: one dial, which hangs (the other side of a cut drops it).
+        let first = dials(t.tick(2, |_| false, &mut rng()));
+        assert_eq!(first.len(), 1);
+        let shuffle = SHUFFLE_INTERVAL.as_millis() as Millis;
+        let next = dials(t.tick(shuffle, |_| false, &mut rng()));
+        assert_eq!(next.len(), 1, "the shuffle does not wait for the hanging dial");
+        assert_ne!(next, first, "nor dials the same peer");
+    }
+
+    #[test]
+    fn a_parting_whose_close_never_comes_is_forgotten() {
+        let mut t = target(2, 8, 4);
+        assert!(t.part_asked(peer(1), false, 0));
+        assert!(t.part_asked(peer(2), false, 0));
+        // The asker closes one connection; the other's answer was lost and its connection stays.
+        assert!(t.closed(peer(1), 100));
+        let wait = PART_CLOSE_WAIT.as_millis() as Millis;
+        t.tick(wait - 1, |_| false, &mut rng());
+        assert!(t.is_parted(&peer(2), wait - 1));
+        t.tick(wait, |_| false, &mut rng());
+        assert!(!t.is_parted(&peer(2), wait), "still connected after the wait: no parting");
+        assert!(!t.closed(peer(2), wait + 1), "its close is a loss");
+        assert!(t.is_parted(&peer(1), wait + 1), "the parting that completed is remembered");
     }
 
     #[test]

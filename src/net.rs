@@ -514,6 +514,14 @@ impl EventLoop {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::info!(%address, "mesh listening");
                 self.listen_addrs.push(address);
+                // An address came up (at start, or an interface back after a cut, a laptop resumed):
+                // the peers and bootstrap addresses that failed meanwhile are worth a dial at once,
+                // not after the backoff the outage grew.
+                self.state.network_changed();
+                for b in &mut self.bootstrap {
+                    b.next = Instant::now();
+                    b.backoff = REDIAL_MIN;
+                }
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => self.listen_addrs.retain(|a| a != &address),
             SwarmEvent::ConnectionEstablished {

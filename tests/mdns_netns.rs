@@ -1,6 +1,7 @@
-//! mDNS discovery between real processes: two daemons in two network namespaces joined by a veth pair,
-//! with no bootstrap address, find each other and share their cards. Needs root (it creates the
-//! namespaces; CI runs as root) and iproute2's `ip`.
+//! Two daemons in two network namespaces joined by a veth pair: with no bootstrap address they find
+//! each other by mDNS and share their cards; a node cut off and back at a new address is reached again,
+//! and dials again as soon as its address is back. Needs root (it creates the namespaces; CI runs as
+//! root) and iproute2's `ip`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -17,6 +18,8 @@ struct Namespaces {
     b: String,
     /// a's end of the veth pair.
     va: String,
+    /// b's end.
+    vb: String,
 }
 
 /// Tests of one process run in parallel: each pair of namespaces needs its own names.
@@ -39,7 +42,7 @@ impl Namespaces {
         let (a, b) = (format!("amtest-a-{tag}"), format!("amtest-b-{tag}"));
         let (va, vb) = (format!("amva{tag}"), format!("amvb{tag}"));
         ip(&["netns", "add", &a]);
-        let ns = Namespaces { a: a.clone(), b: b.clone(), va: va.clone() };
+        let ns = Namespaces { a: a.clone(), b: b.clone(), va: va.clone(), vb: vb.clone() };
         ip(&["netns", "add", &b]);
         ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
         ip(&["link", "set", &va, "netns", &a]);
@@ -156,4 +159,35 @@ fn a_peer_cut_off_and_back_at_a_new_address_is_reconnected() {
     ip(&["-n", &ns.a, "addr", "add", "10.231.7.3/24", "dev", &ns.va]);
     // Ping period + timeout (20 s), then an mDNS query (5 s) and a dial.
     b_sees_a_at("/ip4/10.231.7.3/", Duration::from_secs(60));
+}
+
+/// A node whose network goes away long enough for its connection to die and its redials to back off
+/// dials again as soon as an address comes back, rather than when the backoff the outage grew ends.
+/// `b` joins `a` by bootstrap address (no mDNS) and comes back at a new address, so only `b` can
+/// dial: `a` knows only the old one.
+#[test]
+fn a_node_whose_network_comes_back_redials_at_once() {
+    let ns = Namespaces::create();
+    let dir = tempfile::tempdir().unwrap();
+    let (a_data, b_data) = (dir.path().join("a"), dir.path().join("b"));
+    let a_id = ns.peer_id(&ns.a, &a_data);
+    let _a = ns.start(&ns.a, &a_data, &["--no-mdns"]);
+    let bootstrap = format!("/ip4/10.231.7.1/tcp/4001/p2p/{a_id}");
+    let _b = ns.start(&ns.b, &b_data, &["--no-mdns", "--bootstrap", &bootstrap]);
+    let connected = |shown: &str| shown.lines().any(|l| l.contains(&a_id) && l.contains("/ip4/10.231.7.1/"));
+    ns.wait_for_peers(&ns.b, "b connected to a", DEADLINE, connected);
+
+    // b's address goes: its connection dies by failed pings (20 s), then its dials fail and back off.
+    ip(&["-n", &ns.b, "addr", "del", "10.231.7.2/24", "dev", &ns.vb]);
+    ns.wait_for_peers(&ns.b, "b's dead connection closed", Duration::from_secs(60), |s| !connected(s));
+    // The outage lasts: long enough for the bootstrap backoff to reach 8 s and the connection
+    // target to have tried a within its 10 s retry time.
+    std::thread::sleep(Duration::from_secs(12));
+    ip(&["-n", &ns.b, "addr", "add", "10.231.7.4/24", "dev", &ns.vb]);
+    ns.wait_for_peers(
+        &ns.b,
+        "b to redial a as soon as its address is back",
+        Duration::from_secs(3),
+        connected,
+    );
 }

@@ -247,6 +247,12 @@ impl State {
         self.target.heard_of(peer, now);
     }
 
+    /// This node's network changed (a listen address came up): the connection target dials again at
+    /// once.
+    pub fn network_changed(&mut self) {
+        self.target.network_changed();
+    }
+
     /// A dial the connection target asked for could not start (no address known, say).
     pub fn dial_not_started(&mut self, peer: PeerId) {
         self.target.dial_failed(peer);

@@ -160,6 +160,18 @@ impl Target {
         }
     }
 
+    /// This node's network changed (an address came up: an interface back after a cut, a laptop
+    /// resumed): every known peer is worth a dial again at once, and dials under way may have gone
+    /// through the old network. The shuffle runs at the next tick.
+    pub fn network_changed(&mut self) {
+        for k in self.known.values_mut() {
+            k.tried = 0;
+        }
+        self.filling = None;
+        self.shuffling = None;
+        self.next_shuffle = None;
+    }
+
     /// The last connection to `peer` closed. True if the two had agreed to part: the close is no
     /// sign of failure.
     pub fn closed(&mut self, peer: PeerId, now: Millis) -> bool {
@@ -506,6 +518,24 @@ mod tests {
         assert!(!t.is_parted(&peer(2), wait), "still connected after the wait: no parting");
         assert!(!t.closed(peer(2), wait + 1), "its close is a loss");
         assert!(t.is_parted(&peer(1), wait + 1), "the parting that completed is remembered");
+    }
+
+    #[test]
+    fn a_network_that_comes_back_is_dialled_through_at_once() {
+        let mut t = target(2, 8, 2);
+        t.tick(0, |_| false, &mut rng());
+        // Cut off: both connections die, and every dial fails until the network is back.
+        t.closed(peer(1), 1);
+        t.closed(peer(2), 1);
+        for at in 2..5 {
+            for p in dials(t.tick(at, |_| false, &mut rng())) {
+                t.dial_failed(p);
+            }
+        }
+        assert!(dials(t.tick(6, |_| false, &mut rng())).is_empty(), "both tried within the retry time");
+        t.network_changed();
+        let now = dials(t.tick(7, |_| false, &mut rng()));
+        assert_eq!(now.len(), 2, "a dial below low and the shuffle's, at once: {now:?}");
     }
 
     #[test]

@@ -712,7 +712,7 @@ impl Sim {
                     let to = self.ids[&peer];
                     if self.nodes[i].conns.contains(&to) {
                         self.send(i, to, Wire::Closed);
-                        self.lose(i, to);
+                        self.lose(i, to, false);
                     }
                     self.parted += 1;
                 }
@@ -1064,7 +1064,7 @@ impl Sim {
                 if cut == self.cut && self.group[a] != self.group[b] {
                     for (x, y) in [(a, b), (b, a)] {
                         if self.nodes[x].up && self.nodes[x].conns.contains(&y) {
-                            self.lose(x, y);
+                            self.lose(x, y, true);
                         }
                     }
                 }
@@ -1072,14 +1072,15 @@ impl Sim {
         }
     }
 
-    /// `node` loses its connection to `peer`: its questions to `peer` fail.
-    fn lose(&mut self, node: usize, peer: usize) {
+    /// `node` loses its connection to `peer`: its questions to `peer` fail. `silent`: by failed
+    /// pings, not a close.
+    fn lose(&mut self, node: usize, peer: usize, silent: bool) {
         self.nodes[node].conns.remove(&peer);
         self.nodes[node].mesh.remove(&peer);
         self.fail_requests(node, |to, _| to == peer);
         let peer_id = self.nodes[peer].peer;
         let watched = self.nodes[node].records.heard_sent_at(&peer_id).is_some();
-        self.handle(node, Event::Closed { peer: peer_id, watched });
+        self.handle(node, Event::Closed { peer: peer_id, watched, silent });
     }
 
     /// Fails `node`'s questions that `which(peer, asked_at)` picks, in a fixed order.
@@ -1108,7 +1109,7 @@ impl Sim {
             }
             Wire::Closed => {
                 if self.nodes[to].conns.contains(&from) {
-                    self.lose(to, from);
+                    self.lose(to, from, false);
                 }
             }
             Wire::Graft => {

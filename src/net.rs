@@ -258,6 +258,7 @@ pub async fn spawn(
         cards,
         heartbeats,
         rtts: HashMap::new(),
+        quiet: HashSet::new(),
         addrs: HashMap::new(),
         listen_addrs: Vec::new(),
         last_list: None,
@@ -295,6 +296,9 @@ struct EventLoop {
     cards: IdentTopic,
     heartbeats: IdentTopic,
     rtts: HashMap<PeerId, Duration>,
+    /// Connections this node is closing because their pings failed, until their close is reported:
+    /// at most one per open connection.
+    quiet: HashSet<ConnectionId>,
     addrs: HashMap<PeerId, HashSet<Multiaddr>>,
     listen_addrs: Vec<Multiaddr>,
     /// Digest of this node's agent list, and the beats that carried it so far.
@@ -590,11 +594,14 @@ impl EventLoop {
                 tracing::debug!(from = %send_back_addr, %error, "incoming connection failed");
                 self.counters.update(|c| c.connection_errors += 1);
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
-                tracing::debug!(%peer_id, "peer disconnected");
-                self.rtts.remove(&peer_id);
-                self.addrs.remove(&peer_id);
-                self.on_peer_lost(peer_id);
+            SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, .. } => {
+                let silent = self.quiet.remove(&connection_id);
+                if num_established == 0 {
+                    tracing::debug!(%peer_id, silent, "peer disconnected");
+                    self.rtts.remove(&peer_id);
+                    self.addrs.remove(&peer_id);
+                    self.on_peer_lost(peer_id, silent);
+                }
             }
             SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
             _ => {}
@@ -645,7 +652,9 @@ impl EventLoop {
             // FIN): close it, or both sides keep believing they are connected and never redial.
             BehaviourEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
                 tracing::debug!(%peer, %error, "ping failed; closing the connection");
-                self.swarm.close_connection(connection);
+                if self.swarm.close_connection(connection) {
+                    self.quiet.insert(connection);
+                }
             }
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
                 let now = now_millis();

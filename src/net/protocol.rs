@@ -46,11 +46,11 @@ impl EventLoop {
         self.swarm.dial(opts)
     }
 
-    /// The last connection to `peer` closed.
-    pub(super) fn on_peer_lost(&mut self, peer: PeerId) {
+    /// The last connection to `peer` closed; `silent`: this node closed it because its pings failed.
+    pub(super) fn on_peer_lost(&mut self, peer: PeerId, silent: bool) {
         // Only a peer whose heartbeats this node follows is worth a suspicion.
         let watched = self.registry.heard_sent_at(&peer).is_some();
-        self.handle(Event::Closed { peer, watched });
+        self.handle(Event::Closed { peer, watched, silent });
     }
 
     fn carry_out(&mut self, actions: Vec<Action>) {

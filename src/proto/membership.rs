@@ -8,7 +8,8 @@
 //! [`SUSPECT_TIMEOUT`] (a host that vanished with its process, as a killed container does, leaves a dial
 //! to the kernel's neighbour timeout, about 3 s). A helper that still reaches it, or a new connection,
 //! clears the suspicion. A host that goes silent without closing anything (no FIN) is left to
-//! heartbeat age and ping timeouts.
+//! heartbeat age: the connection its failed pings close starts no suspicion ([`Membership::went_quiet`]),
+//! since helpers behind the same partition would confirm it, and declare live nodes down once it heals.
 //!
 //! The declaration is gossiped, signed by the node that makes it, so that nodes not connected to the
 //! peer learn it too; a live node that hears itself declared down refutes it at once with a fresh
@@ -94,6 +95,14 @@ impl Membership {
     pub fn parted(&mut self, peer: PeerId) {
         self.connected.remove(&peer);
         self.lost.remove(&peer);
+        self.suspects.remove(&peer);
+    }
+
+    /// The last connection to `peer` was closed because its pings failed: the path went quiet (a
+    /// partition, an address that went away), which a process that died does not do (its host closes
+    /// its connections). No suspicion, and no evidence for anyone who asks: heartbeat age judges it.
+    pub fn went_quiet(&mut self, peer: PeerId) {
+        self.connected.remove(&peer);
         self.suspects.remove(&peer);
     }
 
@@ -235,6 +244,16 @@ mod tests {
         assert!(m.answer(x, Reach::Unknown).is_empty());
         assert_eq!(m.answer(x, Reach::Unknown), vec![Action::Declare(x)]);
         assert!(!m.suspects.contains_key(&x));
+    }
+
+    #[test]
+    fn a_connection_whose_pings_failed_raises_no_suspicion_and_is_no_evidence() {
+        let mut m = with_peers(5);
+        let x = peer(1);
+        m.went_quiet(x);
+        assert!(m.suspects.is_empty(), "heartbeat age judges it");
+        assert_eq!(m.reach(&x, 10), Reach::Unknown, "a quiet path is no evidence for another's suspicion");
+        assert!(m.dial_failed(x).is_empty() && m.tick(60_000).is_empty());
     }
 
     #[test]

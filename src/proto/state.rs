@@ -69,8 +69,10 @@ pub enum Event {
     /// A first connection to `peer`.
     Connected(PeerId),
     /// The last connection to `peer` closed. `watched`: this node follows `peer`'s heartbeats, so its
-    /// death matters here.
-    Closed { peer: PeerId, watched: bool },
+    /// death matters here. `silent`: the node closed it because its pings failed, not the peer or its
+    /// host (a process that dies closes its connections): the path went quiet (a partition, an address
+    /// gone), which says nothing of the peer's life.
+    Closed { peer: PeerId, watched: bool, silent: bool },
     /// A dial of `peer` failed.
     DialFailed(PeerId),
     /// A peer answered question `id`: with a reconciliation frame, or whether it reaches a peer (cards
@@ -287,12 +289,16 @@ impl State {
                     self.send(peer, Request::Heartbeats, Asked::Heartbeats, &mut out);
                 }
             }
-            Event::Closed { peer, watched } => {
+            Event::Closed { peer, watched, silent } => {
                 self.connected.remove(&peer);
                 self.sync_waiting.retain(|p| *p != peer);
                 if self.target.closed(peer, now) {
                     // The two agreed to part: no sign of failure.
                     self.membership.parted(peer);
+                } else if silent {
+                    // Heartbeat age judges a peer behind a quiet path; a suspicion would be confirmed
+                    // by helpers behind the same cut and declare live nodes down once it heals.
+                    self.membership.went_quiet(peer);
                 } else if !self.bans.is_banned(&peer, now) {
                     let actions = self.membership.closed(peer, watched, now, &mut self.rng);
                     self.detector(actions, &mut out);
@@ -641,7 +647,7 @@ mod tests {
         assert!(asks(&s.handle(Event::Connected(c), 30)).is_empty(), "three peers: enough");
         // Isolated, then back: it asks again.
         for peer in [a, b, c] {
-            s.handle(Event::Closed { peer, watched: false }, 40);
+            s.handle(Event::Closed { peer, watched: false, silent: false }, 40);
         }
         assert_eq!(asks(&s.handle(Event::Connected(d), 50)).len(), 1);
     }
@@ -688,7 +694,7 @@ mod tests {
         let mut s = State::new(CONFIG, 3);
         s.handle(Event::Connected(h1), 0);
         s.handle(Event::Connected(dead), 0);
-        let actions = s.handle(Event::Closed { peer: dead, watched: true }, 100);
+        let actions = s.handle(Event::Closed { peer: dead, watched: true, silent: false }, 100);
         let probe = sends(&actions).into_iter().find(|(_, _, r)| *r == Request::Reach(dead)).unwrap();
         assert_eq!(probe.0, h1);
         assert!(actions.contains(&Action::Redial(dead)));
@@ -699,12 +705,20 @@ mod tests {
         // A peer whose helper still reaches it is not.
         let other = PeerId::random();
         s.handle(Event::Connected(other), 200);
-        let actions = s.handle(Event::Closed { peer: other, watched: true }, 300);
+        let actions = s.handle(Event::Closed { peer: other, watched: true, silent: false }, 300);
         let probe = sends(&actions).into_iter().find(|(_, _, r)| *r == Request::Reach(other)).unwrap();
         let actions =
             s.handle(Event::Answered { id: probe.1, frame: None, reach: Some(Reach::Reached) }, 310);
         let later = s.handle(Event::Tick, 5_000);
         assert!(!actions.contains(&Action::Declare(other)) && !later.contains(&Action::Declare(other)));
+        // A connection closed because its pings failed (a partition, say): no probe, no redial, and
+        // nothing declared however long nothing is heard; heartbeat age judges the peer.
+        let quiet = PeerId::random();
+        s.handle(Event::Connected(quiet), 6_000);
+        let actions = s.handle(Event::Closed { peer: quiet, watched: true, silent: true }, 7_000);
+        assert!(sends(&actions).is_empty() && !actions.contains(&Action::Redial(quiet)), "{actions:?}");
+        let later = s.handle(Event::Tick, 60_000);
+        assert!(!later.contains(&Action::Declare(quiet)));
     }
 
     #[test]
@@ -780,7 +794,7 @@ mod tests {
         assert!(next.iter().all(|(p, _)| !started.iter().any(|(q, _)| q == p)), "each peer once");
         // A peer that went while waiting is skipped.
         let gone = peers[peers.len() - 1];
-        s.handle(Event::Closed { peer: gone, watched: false }, 5);
+        s.handle(Event::Closed { peer: gone, watched: false, silent: false }, 5);
         let mut rest = Vec::new();
         for (_, id) in next {
             rest.extend(reconciles(&s.handle(Event::Failed { id }, 6)));
@@ -839,7 +853,7 @@ mod tests {
         let late = PeerId::random();
         s.handle(Event::ListUnknown { from: other, publisher: late }, 3);
         assert_eq!(s.lists_waiting(), 1);
-        s.handle(Event::Closed { peer: other, watched: false }, 4);
+        s.handle(Event::Closed { peer: other, watched: false, silent: false }, 4);
         s.handle(Event::Answered { id: in_flight[0], frame: None, reach: None }, 5);
         assert_eq!(s.lists_waiting(), 0);
         let again = sends(&s.handle(Event::ListUnknown { from: relay, publisher: late }, 6));
@@ -879,7 +893,7 @@ mod tests {
         // A failure makes room too; a peer gone takes its waiting fetches with it.
         let (_, id, _) = sent[1].clone();
         assert_eq!(sends(&s.handle(Event::Failed { id }, 2)).len(), 1);
-        s.handle(Event::Closed { peer, watched: false }, 3);
+        s.handle(Event::Closed { peer, watched: false, silent: false }, 3);
         let (_, id, _) = sent[2].clone();
         assert!(sends(&s.handle(Event::Failed { id }, 4)).is_empty());
         assert_eq!(s.deferred(), 0);

@@ -277,6 +277,10 @@ pub const PART_MIN_AGE: Duration = Duration::from_secs(5);
 pub const SHUFFLE_INTERVAL: Duration = Duration::from_secs(10);
 /// A peer whose connection closed without a parting is preferred by the shuffle for this long.
 pub const LOST_FIRST: Duration = Duration::from_secs(300);
+/// Dials a node below `peer_low` makes at once for the connection target (as many as connections are
+/// missing, up to this): a node back from an outage dials several peers, some at addresses that moved
+/// (a dial there hangs), without waiting for each in turn.
+pub const MAX_FILL_DIALS: usize = 4;
 /// A dial for the connection target that reported nothing by then is given up.
 pub const TARGET_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// An agreed parting whose connection is still open this long after the agreement is forgotten: the

@@ -1,9 +1,9 @@
 //! The connection target: a node keeps between `low` and `high` connections instead of one to every
 //! node it ever met (`docs/SCALE.md`, section 4.1).
 //!
-//! - **Below `low`** it dials peers it knows and is not connected to, one dial at a time (the
-//!   shuffle's own dial aside); the shell lets Kademlia and mDNS dial on their own only while below
-//!   `low` too ([`Target::wants_peers`]).
+//! - **Below `low`** it dials peers it knows and is not connected to, as many at once as connections
+//!   are missing (at most [`MAX_FILL_DIALS`]; the shuffle's own dial aside); the shell lets Kademlia
+//!   and mDNS dial on their own only while below `low` too ([`Target::wants_peers`]).
 //! - **Above `high`** it asks as many peers to part as it holds connections over `high` (at most
 //!   [`MAX_PART_ASKS`] awaiting answers at once): never one in the middle of a sync with it or one
 //!   connected for less than [`PART_MIN_AGE`]; a gossip mesh peer only when no other is left, and one
@@ -29,8 +29,8 @@ use rand::Rng;
 
 use crate::clock::Millis;
 pub use crate::defaults::{
-    DECLINED_MEMORY, LOST_FIRST, MAX_KNOWN_PEERS, MAX_PART_ASKS, PART_CLOSE_WAIT, PART_MEMORY, PART_MIN_AGE,
-    PEER_HIGH, PEER_LOW, SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
+    DECLINED_MEMORY, LOST_FIRST, MAX_FILL_DIALS, MAX_KNOWN_PEERS, MAX_PART_ASKS, PART_CLOSE_WAIT,
+    PART_MEMORY, PART_MIN_AGE, PEER_HIGH, PEER_LOW, SHUFFLE_INTERVAL, TARGET_DIAL_TIMEOUT,
 };
 
 /// How many connections a node keeps.
@@ -87,11 +87,12 @@ pub struct Target {
     declined: HashMap<PeerId, Millis>,
     /// Peers met before and not connected now (at most `MAX_KNOWN_PEERS`).
     known: HashMap<PeerId, Known>,
-    /// The peer asked to part, awaiting its answer.
     /// Peers asked to part, awaiting their answers (at most `MAX_PART_ASKS`).
     asking: BTreeSet<PeerId>,
-    /// The dial under way below `low`, and when it started.
-    filling: Option<(PeerId, Millis)>,
+    /// The dials under way below `low`, and when each started: as many as connections are missing, at
+    /// most `MAX_FILL_DIALS` (a node back from an outage has several to make, and a dial to an address
+    /// that moved hangs).
+    filling: Vec<(PeerId, Millis)>,
     /// The shuffle's dial under way, and when it started: apart from `filling`, so that a dial hanging
     /// across a partition does not hold back the shuffle that would bridge it once it heals.
     shuffling: Option<(PeerId, Millis)>,
@@ -109,7 +110,7 @@ impl Target {
             declined: HashMap::new(),
             known: HashMap::new(),
             asking: BTreeSet::new(),
-            filling: None,
+            filling: Vec::new(),
             shuffling: None,
             next_shuffle: None,
         }
@@ -167,7 +168,7 @@ impl Target {
         for k in self.known.values_mut() {
             k.tried = 0;
         }
-        self.filling = None;
+        self.filling.clear();
         self.shuffling = None;
         self.next_shuffle = None;
     }
@@ -190,10 +191,9 @@ impl Target {
     }
 
     fn dial_ended(&mut self, peer: PeerId) {
-        for slot in [&mut self.filling, &mut self.shuffling] {
-            if slot.is_some_and(|(p, _)| p == peer) {
-                *slot = None;
-            }
+        self.filling.retain(|(p, _)| *p != peer);
+        if self.shuffling.is_some_and(|(p, _)| p == peer) {
+            self.shuffling = None;
         }
     }
 
@@ -235,10 +235,9 @@ impl Target {
         });
         self.declined.retain(|_, &mut until| until > now);
         let timeout = TARGET_DIAL_TIMEOUT.as_millis() as Millis;
-        for slot in [&mut self.filling, &mut self.shuffling] {
-            if slot.is_some_and(|(_, at)| at + timeout <= now) {
-                *slot = None;
-            }
+        self.filling.retain(|(_, at)| at + timeout > now);
+        if self.shuffling.is_some_and(|(_, at)| at + timeout <= now) {
+            self.shuffling = None;
         }
         // As many asked at once as there are connections over `high` (at most `MAX_PART_ASKS`): a
         // bootstrap node that a whole mesh joined through sheds them in round trips, not one per tick.
@@ -277,8 +276,10 @@ impl Target {
             self.next_shuffle = Some(now + SHUFFLE_INTERVAL.as_millis() as Millis);
         }
         // A peer being dialled was tried just now: `pick` passes it over.
-        if self.connected.len() < self.bounds.low && self.filling.is_none() {
-            self.filling = self.dial(now, false, &mut out);
+        let missing = self.bounds.low.saturating_sub(self.connected.len()).min(MAX_FILL_DIALS);
+        while self.filling.len() < missing {
+            let Some(dial) = self.dial(now, false, &mut out) else { break };
+            self.filling.push(dial);
         }
         if shuffle && self.shuffling.is_none() {
             self.shuffling = self.dial(now, true, &mut out);
@@ -491,11 +492,11 @@ mod tests {
 
     #[test]
     fn the_shuffle_dials_beside_a_dial_that_hangs() {
-        let mut t = target(3, 8, 1);
+        let mut t = target(2, 8, 2);
         t.tick(0, |_| false, &mut rng()); // the first shuffle: nobody known yet
         t.closed(peer(1), 1); // lost: across a partition, say
-        t.heard_of(peer(2), 1);
-        // Below low: one dial, which hangs (the other side of a cut drops it).
+        t.heard_of(peer(3), 1);
+        // One below low: one dial, which hangs (the other side of a cut drops it).
         let first = dials(t.tick(2, |_| false, &mut rng()));
         assert_eq!(first.len(), 1);
         let shuffle = SHUFFLE_INTERVAL.as_millis() as Millis;
@@ -518,6 +519,23 @@ mod tests {
         assert!(!t.is_parted(&peer(2), wait), "still connected after the wait: no parting");
         assert!(!t.closed(peer(2), wait + 1), "its close is a loss");
         assert!(t.is_parted(&peer(1), wait + 1), "the parting that completed is remembered");
+    }
+
+    #[test]
+    fn far_below_low_several_peers_are_dialled_at_once() {
+        let mut t = target(8, 16, 0);
+        t.tick(0, |_| false, &mut rng()); // the first shuffle: nobody known yet
+        for i in 1..=6 {
+            t.heard_of(peer(i), 0);
+        }
+        let first = dials(t.tick(1, |_| false, &mut rng()));
+        assert_eq!(first.len(), MAX_FILL_DIALS, "eight missing: at most {MAX_FILL_DIALS} at once");
+        assert!(dials(t.tick(2, |_| false, &mut rng())).is_empty(), "all under way");
+        t.connected(first[0], 3);
+        t.dial_failed(first[1]);
+        let next = dials(t.tick(4, |_| false, &mut rng()));
+        assert_eq!(next.len(), 2, "two dials ended: two more, of the two left untried");
+        assert!(next.iter().all(|p| !first.contains(p)));
     }
 
     #[test]

@@ -229,7 +229,7 @@ class Mesh:
             self.compose += ["-f", override]
         self.network = f"{project}_mesh"
         self.env = {**os.environ, "AGENTMESH_API_KEY": API_KEY, "AGENTMESH_HOST_PORT": HOST_PORT,
-                    "RUST_LOG": "info,agentmesh::apply=debug"}
+                    "RUST_LOG": os.environ.get("HARNESS_RUST_LOG", "info,agentmesh::apply=debug")}
         self.nodes = []
 
     def run(self, *args):
@@ -466,6 +466,7 @@ def step_churn(mesh, spec, out):
 
 def step_partition(mesh, spec, out):
     k = spec.get("isolate", max(1, mesh.size // 5))
+    declared_before = declared_down(mesh)
     cut = random.sample([n for n in mesh.live() if not n.bootstrap], k)
     for n in cut:
         subprocess.run(["docker", "network", "disconnect", "-f", mesh.network, n.name], check=True,
@@ -496,6 +497,14 @@ def step_partition(mesh, spec, out):
     wait_until("partition healed", healed, spec.get("deadline", 180))
     out.update({"isolated": [n.name for n in cut], "partition_s": spec.get("partition_s", 30),
                 "reconverge_s": time.monotonic() - t0, "reconverge_check_started_s": check["started"] - t0})
+    # Peers declared down meanwhile, counted by every node: a quiet path is left to heartbeat age, so
+    # a partition alone declares nobody.
+    out["declared_down"] = declared_down(mesh) - declared_before
+
+
+def declared_down(mesh):
+    """Peers the live nodes declared down since they started, summed over them."""
+    return sum((n.get("/api/v1/mesh/status")[1] or {}).get("peers_declared_down", 0) for n in mesh.live())
 
 
 def in_netns(node, cmd, check=True):
@@ -584,7 +593,9 @@ def summary(o):
         return (f"{len(o['events'])} joins/leaves in {o['duration_s']} s, {o['checks']} checks, "
                 f"{len(o['false_inactive'])} false inactive, reconverged in {o['reconverge_s']:.1f} s{trend}")
     if d == "partition":
-        return f"{len(o['isolated'])} nodes cut for {o['partition_s']} s, reconverged {o['reconverge_s']:.1f} s after reconnect"
+        declared = f", {o['declared_down']} peers declared down" if "declared_down" in o else ""
+        return (f"{len(o['isolated'])} nodes cut for {o['partition_s']} s, reconverged {o['reconverge_s']:.1f} s "
+                f"after reconnect (the check that passed began at {o['reconverge_check_started_s']:.1f} s){declared}")
     if d == "netem":
         inner = "; ".join(summary(s) for s in o["steps"])
         return f"{o['method']}: delay {o['delay_ms']}±{o['jitter_ms']} ms, loss {o['loss_pct']}%: {inner}"

@@ -23,6 +23,10 @@ Steps (see simulations/scenarios/):
 A scenario's "cards_per_node": N has every scaled node register N generated cards instead of the three
 samples (scale-50-10000.json: 49 x 204 of them, about 10,000 agents in all).
 
+The daemons log with RUST_LOG=info,agentmesh::apply=debug (the convergence step reads those lines);
+HARNESS_RUST_LOG replaces it, e.g. with ",agentmesh::net=debug,libp2p_swarm=debug" added to see why
+connections close (with --keep, `docker logs` keeps them after the run).
+
 Standard library only. Needs root (nsenter, tc) for netem.
 """
 import argparse
@@ -491,12 +495,20 @@ def step_partition(mesh, spec, out):
         check["started"] = time.monotonic()
         for obs in mesh.live():
             held = obs.healths()
-            if held is None or any(held.get(a) != "active" for a in wanted if a not in obs.agents()):
+            if held is None:
+                check["waiting_for"] = f"{obs.name}: no answer"
+                return False
+            short = [(a, held.get(a)) for a in wanted if a not in obs.agents() and held.get(a) != "active"]
+            if short:
+                # What the last failed check waited for: the first node short of something, and what.
+                check["waiting_for"] = f"{obs.name}: " + ", ".join(f"{a} {h or 'absent'}" for a, h in short)
+                check["waiting_since"] = round(check["started"] - t0, 2)
                 return False
         return True
     wait_until("partition healed", healed, spec.get("deadline", 180))
     out.update({"isolated": [n.name for n in cut], "partition_s": spec.get("partition_s", 30),
-                "reconverge_s": time.monotonic() - t0, "reconverge_check_started_s": check["started"] - t0})
+                "reconverge_s": time.monotonic() - t0, "reconverge_check_started_s": check["started"] - t0,
+                "last_waited_for": check.get("waiting_for"), "last_waited_at_s": check.get("waiting_since")})
     # Peers declared down meanwhile, counted by every node: a quiet path is left to heartbeat age, so
     # a partition alone declares nobody.
     out["declared_down"] = declared_down(mesh) - declared_before

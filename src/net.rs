@@ -259,6 +259,7 @@ pub async fn spawn(
         heartbeats,
         rtts: HashMap::new(),
         quiet: HashSet::new(),
+        quiet_peers: HashSet::new(),
         addrs: HashMap::new(),
         listen_addrs: Vec::new(),
         last_list: None,
@@ -299,6 +300,9 @@ struct EventLoop {
     /// Connections this node is closing because their pings failed, until their close is reported:
     /// at most one per open connection.
     quiet: HashSet<ConnectionId>,
+    /// Peers this node is disconnecting because its last address off loopback went away, until
+    /// their last connection's close is reported: at most one per connected peer.
+    quiet_peers: HashSet<PeerId>,
     addrs: HashMap<PeerId, HashSet<Multiaddr>>,
     listen_addrs: Vec<Multiaddr>,
     /// Digest of this node's agent list, and the beats that carried it so far.
@@ -512,6 +516,29 @@ impl EventLoop {
         tracing::info!("left the mesh");
     }
 
+    /// This node's last address off loopback went away (its interface is down, its container was
+    /// disconnected): its connections to other hosts are dead, but their pings would take 10-20 s
+    /// to tell, and meanwhile the node counts them toward its connection target (so it dials nobody
+    /// when the network is back) and gossips into them. They are closed now, as quiet: no suspicion
+    /// (`Event::Closed { silent }`). Connections to peers on loopback stay.
+    fn close_off_loopback(&mut self) {
+        let peers: Vec<PeerId> = self
+            .swarm
+            .connected_peers()
+            .filter(|p| !self.addrs.get(*p).is_some_and(|addrs| addrs.iter().any(is_loopback)))
+            .copied()
+            .collect();
+        tracing::info!(
+            peers = peers.len(),
+            "no address off loopback left; closing the connections to other hosts"
+        );
+        for peer in peers {
+            if self.swarm.disconnect_peer_id(peer).is_ok() {
+                self.quiet_peers.insert(peer);
+            }
+        }
+    }
+
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         self.recorder.record(&event);
         match event {
@@ -527,7 +554,13 @@ impl EventLoop {
                     b.backoff = REDIAL_MIN;
                 }
             }
-            SwarmEvent::ExpiredListenAddr { address, .. } => self.listen_addrs.retain(|a| a != &address),
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                tracing::info!(%address, "mesh address gone");
+                self.listen_addrs.retain(|a| a != &address);
+                if !self.listen_addrs.iter().any(|a| !is_loopback(a)) {
+                    self.close_off_loopback();
+                }
+            }
             SwarmEvent::ConnectionEstablished {
                 peer_id, connection_id, endpoint, num_established, ..
             } => {
@@ -595,8 +628,9 @@ impl EventLoop {
                 self.counters.update(|c| c.connection_errors += 1);
             }
             SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, .. } => {
-                let silent = self.quiet.remove(&connection_id);
+                let mut silent = self.quiet.remove(&connection_id);
                 if num_established == 0 {
+                    silent |= self.quiet_peers.remove(&peer_id);
                     tracing::debug!(%peer_id, silent, "peer disconnected");
                     self.rtts.remove(&peer_id);
                     self.addrs.remove(&peer_id);
@@ -694,6 +728,15 @@ impl EventLoop {
     }
 }
 
+/// Whether `addr` is on loopback (its IP part, if it has one).
+fn is_loopback(addr: &Multiaddr) -> bool {
+    addr.iter().next().is_some_and(|p| match p {
+        Protocol::Ip4(ip) => ip.is_loopback(),
+        Protocol::Ip6(ip) => ip.is_loopback(),
+        _ => false,
+    })
+}
+
 /// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's
 /// (`waited`: how long it has been in this node; `None` for any other message), and only if it came in
 /// less than a tick ago. One that waited longer (a busy ingest worker) goes on at once, so holding never
@@ -707,6 +750,19 @@ mod tests {
     use libp2p::gossipsub::MessageAcceptance::{Accept, Ignore, Reject};
 
     use super::*;
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for (addr, loopback) in [
+            ("/ip4/127.0.0.1/tcp/4001", true),
+            ("/ip6/::1/tcp/4001", true),
+            ("/ip4/10.0.0.5/tcp/4001", false),
+            ("/ip6/fe80::1/tcp/4001", false),
+            ("/dns4/localhost/tcp/4001", false),
+        ] {
+            assert_eq!(is_loopback(&addr.parse().unwrap()), loopback, "{addr}");
+        }
+    }
 
     /// The event loop tells a heartbeat by its topic's name, without building the topic's hash per
     /// message: that holds while the topic is an `IdentTopic`.

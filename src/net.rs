@@ -301,7 +301,8 @@ struct EventLoop {
     /// at most one per open connection.
     quiet: HashSet<ConnectionId>,
     /// Peers this node is disconnecting because its last address off loopback went away, until
-    /// their last connection's close is reported: at most one per connected peer.
+    /// their last connection's close is reported or a new connection to them is made: at most one
+    /// per connected peer.
     quiet_peers: HashSet<PeerId>,
     addrs: HashMap<PeerId, HashSet<Multiaddr>>,
     listen_addrs: Vec<Multiaddr>,
@@ -569,6 +570,9 @@ impl EventLoop {
                     let _ = self.swarm.close_connection(connection_id);
                     return;
                 }
+                // A new connection to a peer being disconnected as quiet: the old ones' closes are no
+                // longer its last, and a later close of this one is judged on its own.
+                self.quiet_peers.remove(&peer_id);
                 let addr = endpoint.get_remote_address().clone();
                 let addrs = self.addrs.entry(peer_id).or_default();
                 if addrs.len() < MAX_ADDRS_PER_PEER {

@@ -73,6 +73,17 @@ impl HeldCard {
     /// validation of [`AgentCard`]: for rows whose seal shows they were validated when written. `None`
     /// when the text is not the JSON of a card of `agent_id`.
     pub fn from_canonical(json: &str, agent_id: &str) -> Option<Self> {
+        Self::from_skeleton(json, agent_id, || compress(json.as_bytes()))
+    }
+
+    /// [`HeldCard::from_canonical`] of a text as [`HeldCard::packed`] gave it: the frame is kept as
+    /// it is, not compressed again. `None` also when it does not decompress ([`unpack`]).
+    pub fn from_packed(packed: &[u8], agent_id: &str) -> Option<Self> {
+        let json = unpack(packed)?;
+        Self::from_skeleton(&json, agent_id, || packed.into())
+    }
+
+    fn from_skeleton(json: &str, agent_id: &str, packed: impl FnOnce() -> Box<[u8]>) -> Option<Self> {
         let skeleton: Skeleton<'_> = serde_json::from_str(json).ok()?;
         if skeleton.agent_id != agent_id {
             return None;
@@ -86,7 +97,7 @@ impl HeldCard {
         let semver = semver::Version::parse(&skeleton.version).ok().map(Box::new);
         let group = skeleton.group_id.as_deref().map(Into::into);
         drop(skeleton);
-        let packed = compress(json.as_bytes());
+        let packed = packed();
         Some(Self { packed, index, split, reasoner_count, skill_count, semver, group })
     }
 
@@ -98,6 +109,11 @@ impl HeldCard {
     /// The card's `group_id`, when it names one.
     pub fn group(&self) -> Option<&str> {
         self.group.as_deref()
+    }
+
+    /// The canonical JSON text as one zstd frame, as held: what the store keeps.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
     }
 
     /// The canonical JSON text, decompressed.
@@ -227,6 +243,17 @@ fn decompress(packed: &[u8]) -> Box<str> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
         .unwrap_or_else(|| "{}".to_owned())
         .into_boxed_str()
+}
+
+/// The text of a frame that may not be this process's own (a store row): `None` unless it names its
+/// content size, at most `MAX_CARD_BYTES`, and decompresses to that much UTF-8.
+pub fn unpack(packed: &[u8]) -> Option<String> {
+    let len = zstd::zstd_safe::get_frame_content_size(packed).ok().flatten()?;
+    let len = usize::try_from(len).ok().filter(|&len| len <= crate::defaults::MAX_CARD_BYTES)?;
+    let bytes = with_contexts(|_, d| d.decompress(packed, len).ok())
+        .flatten()
+        .or_else(|| zstd::bulk::decompress(packed, len).ok())?;
+    String::from_utf8(bytes).ok()
 }
 
 fn empty_object() -> &'static RawValue {

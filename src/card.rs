@@ -16,6 +16,10 @@ pub use held::{CardText, HeldCard};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+/// Longest card text read at all: the bound on JSON before it is parsed, and on a stored card's
+/// text (a card at `MAX_CARD_BYTES` grows past it when signed, and its input may carry whitespace).
+pub const MAX_CARD_TEXT: usize = MAX_CARD_BYTES * 4;
+
 use crate::defaults::{
     MAX_CAPABILITIES, MAX_CARD_BYTES, MAX_ID_LEN, MAX_INTERFACES, MAX_METADATA, MAX_REQUIRES, MAX_SHORT_TEXT,
     MAX_TAGS, MAX_TAG_LEN, MAX_TARGET_LEN, MAX_URL_LEN,
@@ -251,7 +255,7 @@ fn default_modes() -> Vec<String> {
 impl AgentCard {
     /// Parses and validates a card from JSON. Type errors name the offending field.
     pub fn from_json(bytes: &[u8]) -> Result<Self, CardError> {
-        if bytes.len() > MAX_CARD_BYTES * 4 {
+        if bytes.len() > MAX_CARD_TEXT {
             return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
         }
         // Tracking the path slows every parse down, and only an error reads it: a card that parses is
@@ -402,7 +406,7 @@ impl AgentCard {
     /// (`agent_type`) or an openribcage card (`endpoints`, or `capabilities` as names), see [`foreign`];
     /// or an A2A card (no `agent_id`).
     pub fn from_json_any(bytes: &[u8]) -> Result<Self, CardError> {
-        if bytes.len() > MAX_CARD_BYTES * 4 {
+        if bytes.len() > MAX_CARD_TEXT {
             return Err(CardError::TooLarge { size: bytes.len(), max: MAX_CARD_BYTES });
         }
         let value: serde_json::Value = serde_json::from_slice(bytes)

@@ -1155,6 +1155,30 @@ mod tests {
         assert!(r.snapshot().entries.iter().all(|e| !e.card.text().contains("evil")));
     }
 
+    /// A card at the size limit is longer than the limit once signed; its stored row still reads back.
+    #[tokio::test]
+    async fn a_signed_card_at_the_size_limit_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let base = r#"{"agent_id":"a","base_url":"http://x","description":"","skills":[{"id":"s"}]}"#;
+        let one = base.replace(r#""description":"""#, r#""description":"x""#);
+        let fill = crate::defaults::MAX_CARD_BYTES
+            - AgentCard::from_json(one.as_bytes()).unwrap().to_json().len()
+            + 1;
+        let text = "x".repeat(fill);
+        let json = base.replace(r#""description":"""#, &format!(r#""description":"{text}""#));
+        {
+            let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+            let card = AgentCard::from_json(json.as_bytes()).unwrap();
+            r.register_local(card, Liveness::Node, 1_000).await.unwrap();
+            let held = r.snapshot().entries[0].card.text().len();
+            assert!(held > crate::defaults::MAX_CARD_BYTES, "signed, the card is over the limit: {held}");
+        }
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.sealed, report.unreadable), (1, 1, 0));
+        assert_eq!(r.snapshot().entries[0].key.agent_id, "a");
+    }
+
     /// Rows of version 1 (the card's text as it is) are read as they were: sealed ones taken as they
     /// are, the others verified in full; a compressed text that does not decompress is unreadable.
     #[tokio::test]

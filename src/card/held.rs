@@ -246,10 +246,10 @@ fn decompress(packed: &[u8]) -> Box<str> {
 }
 
 /// The text of a frame that may not be this process's own (a store row): `None` unless it names its
-/// content size, at most `MAX_CARD_BYTES`, and decompresses to that much UTF-8.
+/// content size, at most [`super::MAX_CARD_TEXT`], and decompresses to that much UTF-8.
 pub fn unpack(packed: &[u8]) -> Option<String> {
     let len = zstd::zstd_safe::get_frame_content_size(packed).ok().flatten()?;
-    let len = usize::try_from(len).ok().filter(|&len| len <= crate::defaults::MAX_CARD_BYTES)?;
+    let len = usize::try_from(len).ok().filter(|&len| len <= super::MAX_CARD_TEXT)?;
     let bytes = with_contexts(|_, d| d.decompress(packed, len).ok())
         .flatten()
         .or_else(|| zstd::bulk::decompress(packed, len).ok())?;

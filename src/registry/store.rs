@@ -187,7 +187,7 @@ impl Row {
     }
 
     /// The card's canonical text; `None` when a compressed text does not decompress to at most
-    /// `MAX_CARD_BYTES` of UTF-8.
+    /// `MAX_CARD_TEXT` bytes of UTF-8.
     pub fn text(&self) -> Option<String> {
         if self.holds_text() {
             Some(self.card.clone())

@@ -16,18 +16,10 @@ use serde_json::json;
 
 const AGENTS: usize = 30;
 
-/// A card whose description is `padding` letters that do not compress (the store keeps cards
-/// compressed, and the full-disk case must fill its disk).
+/// A card whose description is `padding` letters that do not compress (the full-disk case must fill
+/// its disk).
 fn card(i: usize, padding: usize) -> serde_json::Value {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let description: String = (0..padding)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            char::from(b'a' + (x % 26) as u8)
-        })
-        .collect();
+    let description = common::incompressible_text(i as u64, padding);
     json!({"agent_id": format!("agent-{i}"), "base_url": "http://127.0.0.1:9", "description": description,
            "skills": [{"id": "s"}]})
 }

@@ -431,16 +431,8 @@ async fn the_daemon_serves_its_resident_memory_and_the_live_bytes_of_its_heap() 
     );
     // 200 agents whose descriptions do not compress: their cards are on the heap as long as they are in
     // the view.
-    let mut noise = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0..200 {
-        let description: String = (0..4000)
-            .map(|_| {
-                noise ^= noise << 13;
-                noise ^= noise >> 7;
-                noise ^= noise << 17;
-                char::from(b'a' + (noise % 26) as u8)
-            })
-            .collect();
+        let description = common::incompressible_text(n, 4000);
         let card = serde_json::json!({
             "agent_id": format!("bulky-{n}"),
             "base_url": "http://127.0.0.1:9/",

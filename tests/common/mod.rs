@@ -12,6 +12,20 @@ use serde_json::{json, Value};
 
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// `len` lowercase letters from a xorshift stream seeded by `seed`: text that zstd cannot compress, for
+/// cards that must take their full size on the heap or on disk (the store keeps cards compressed).
+pub fn incompressible_text(seed: u64, len: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
 /// A node config for tests: ephemeral HTTP port, no mDNS, no listen address.
 pub fn config(dir: &Path) -> Config {
     Config {

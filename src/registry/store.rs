@@ -68,8 +68,8 @@ pub struct Row {
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
-/// The first byte of a seal made with keyed BLAKE3 (33 bytes in all). A seal of 32 bytes is an
-/// HMAC-SHA256, as rows were sealed before: still accepted, never made.
+/// The first byte of a seal made with keyed BLAKE3 (33 bytes in all). A seal of 32 bytes on a version 1
+/// row is an HMAC-SHA256, as rows were sealed before: still accepted, never made.
 const SEAL_BLAKE3: u8 = 2;
 
 /// The keys of the rows' seals, derived from the node's identity: the Ed25519 signature of a fixed
@@ -150,7 +150,8 @@ impl SealKey {
                 Ok(mac) => self.blake3(row) == blake3::Hash::from_bytes(mac),
                 Err(_) => false,
             },
-            _ if row.seal.len() == 32 => self.hmac(row).verify_slice(&row.seal).is_ok(),
+            // HMACs were made only by versions that wrote version 1 rows.
+            _ if row.holds_text() && row.seal.len() == 32 => self.hmac(row).verify_slice(&row.seal).is_ok(),
             _ => false,
         }
     }
@@ -530,13 +531,17 @@ mod tests {
             change(&mut changed);
             assert!(!key.sealed(&changed), "{changed:?}");
         }
-        // A seal of the version before (HMAC-SHA256 under the same identity) is still accepted; a
-        // truncated or unknown one is not.
-        let legacy =
-            Row { seal: ByteBuf::from(key.hmac(&row).finalize().into_bytes().to_vec()), ..row.clone() };
+        // A seal of the versions before (HMAC-SHA256 under the same identity, on a version 1 row) is
+        // still accepted; a truncated or unknown one is not.
+        let mut legacy = Row { version: ROW_VERSION_TEXT, card: r#"{"agent_id":"a"}"#.into(), ..row.clone() };
+        legacy.packed = ByteBuf::new();
+        legacy.seal = ByteBuf::from(key.hmac(&legacy).finalize().into_bytes().to_vec());
         assert_eq!(legacy.seal.len(), 32);
         assert!(key.sealed(&legacy));
         assert!(!other.sealed(&legacy));
+        let hmac_on_version_2 =
+            Row { seal: ByteBuf::from(key.hmac(&row).finalize().into_bytes().to_vec()), ..row.clone() };
+        assert!(!key.sealed(&hmac_on_version_2), "no version ever wrote one");
         assert!(!key.sealed(&Row { seal: ByteBuf::from(row.seal[..32].to_vec()), ..row.clone() }));
         let mut unknown = row.seal.to_vec();
         unknown[0] = 3;

@@ -734,11 +734,7 @@ impl EventLoop {
 
 /// Whether `addr` is on loopback (its IP part, if it has one).
 fn is_loopback(addr: &Multiaddr) -> bool {
-    addr.iter().next().is_some_and(|p| match p {
-        Protocol::Ip4(ip) => ip.is_loopback(),
-        Protocol::Ip6(ip) => ip.is_loopback(),
-        _ => false,
-    })
+    behaviour::ip_of(addr).is_some_and(|ip| ip.is_loopback())
 }
 
 /// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's

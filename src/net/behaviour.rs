@@ -153,14 +153,19 @@ fn behaviour(
     })
 }
 
+/// The IP a multiaddr starts with (`/ip4/..` or `/ip6/..`), if it starts with one.
+pub(super) fn ip_of(addr: &Multiaddr) -> Option<std::net::IpAddr> {
+    match addr.iter().next()? {
+        Protocol::Ip4(ip) => Some(ip.into()),
+        Protocol::Ip6(ip) => Some(ip.into()),
+        _ => None,
+    }
+}
+
 /// The TCP socket address a listen multiaddr binds (`/ip4|ip6/<ip>/tcp/<port>`, port not 0), if any.
 pub(super) fn fixed_tcp_port(addr: &Multiaddr) -> Option<std::net::SocketAddr> {
-    let mut parts = addr.iter();
-    let ip: std::net::IpAddr = match parts.next()? {
-        Protocol::Ip4(ip) => ip.into(),
-        Protocol::Ip6(ip) => ip.into(),
-        _ => return None,
-    };
+    let ip = ip_of(addr)?;
+    let mut parts = addr.iter().skip(1);
     match (parts.next()?, parts.next()) {
         (Protocol::Tcp(port), None) if port != 0 => Some((ip, port).into()),
         _ => None,

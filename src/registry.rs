@@ -36,6 +36,49 @@ pub use remote::{HeartbeatOutcome, Limits};
 /// re-announces everything instead.
 pub const CHANGE_CHANNEL: usize = 1024;
 
+/// Remote rows of one [`Registry::apply_many`] written as one store batch at most: one sled call and
+/// one pass of its locks for the lot, instead of one per row.
+pub const STORE_BATCH: usize = 256;
+
+/// An upsert admitted and built, waiting for its store write.
+struct Prepared {
+    entry: Entry,
+    created: bool,
+    /// The seq held before, if any.
+    before: Option<u64>,
+}
+
+/// A remote upsert in a [`Pending`] batch.
+struct Waiting {
+    prepared: Prepared,
+    /// The heartbeat that named it, if one did: when, and what it reported.
+    named: Option<(Millis, Reported)>,
+    /// Its place in the results.
+    slot: usize,
+}
+
+/// Remote upserts of one batch, before their store write: each with the heartbeat that named it (its
+/// time and what it reported) and its place in the results.
+#[derive(Default)]
+struct Pending {
+    rows: Vec<Row>,
+    entries: Vec<Waiting>,
+    keys: std::collections::HashSet<(String, PeerId)>,
+}
+
+impl Pending {
+    /// Whether a record of this key waits in the batch already (a second one waits for the write).
+    fn holds(&self, agent_id: &str, publisher: &PeerId) -> bool {
+        self.keys.contains(&(agent_id.to_owned(), *publisher))
+    }
+
+    fn add(&mut self, (row, prepared): (Row, Prepared), named: Option<(Millis, Reported)>, slot: usize) {
+        self.keys.insert((prepared.entry.key.agent_id.clone(), prepared.entry.key.publisher));
+        self.rows.push(row);
+        self.entries.push(Waiting { prepared, named, slot });
+    }
+}
+
 /// A change to this node's own agents, for the mesh to announce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LocalChange {
@@ -642,46 +685,145 @@ impl Registry {
     }
 
     /// Applies many updates (a sync response) and publishes the view once: building a snapshot is
-    /// O(records), so a node catching up on thousands of cards must not build one per card.
+    /// O(records), so a node catching up on thousands of cards must not build one per card. Remote
+    /// cards go to the store together, as one batch of up to [`STORE_BATCH`] rows (see
+    /// [`Registry::write_remote`]); the rest one by one, in the order given.
     ///
     /// A record new here whose publisher's newest heartbeat already named it (at this seq or an older
     /// one) is alive as of that heartbeat: a newcomer's agents turn `active` as their cards land, not
     /// a heartbeat interval later.
     pub async fn apply_many(&self, updates: Vec<Update>, now: Millis) -> Vec<Result<Applied, RegistryError>> {
         let mut map = self.writer.lock().await;
-        let mut results = Vec::with_capacity(updates.len());
+        let mut results: Vec<Option<Result<Applied, RegistryError>>> = Vec::with_capacity(updates.len());
         let lists = self.remote_lists(&updates);
         let listed: HashMap<PeerId, (Millis, HashMap<&str, &crate::wire::HeartbeatAgent>)> = lists
             .iter()
             .map(|(p, (at, list))| (*p, (*at, list.iter().map(|a| (a.agent_id.as_str(), a)).collect())))
             .collect();
+        let mut pending = Pending::default();
         for update in updates {
             let named = match &update {
                 Update::Upsert { publisher, seq, card, origin: Origin::Remote, .. } => listed
                     .get(publisher)
                     .and_then(|(at, agents)| Some((*at, *agents.get(card.agent_id.as_str())?)))
                     .filter(|(_, agent)| agent.seq <= *seq)
-                    .map(|(at, agent)| {
-                        (
-                            RecordKey { agent_id: agent.agent_id.clone(), publisher: *publisher },
-                            at,
-                            agent.reported,
-                        )
-                    }),
+                    .map(|(at, agent)| (at, agent.reported)),
                 _ => None,
             };
-            let result = self.apply_locked(&mut map, update, now).await;
-            if let (Ok(Applied::Created { .. }), Some((key, at, reported))) = (&result, named) {
-                if let Some(entry) = map.get(&key) {
-                    entry.beat(at, reported);
+            let batched = match &update {
+                Update::Upsert { publisher, card, origin: Origin::Remote, .. } => {
+                    !pending.holds(&card.agent_id, publisher)
                 }
+                _ => false,
+            };
+            if !batched || pending.rows.len() >= STORE_BATCH {
+                self.write_remote(&mut map, &mut pending, &mut results).await;
             }
-            results.push(result);
+            if !batched {
+                results.push(Some(self.apply_locked(&mut map, update, now).await));
+                continue;
+            }
+            let Update::Upsert { publisher, seq, card, text, origin, sig } = update else {
+                unreachable!("only remote upserts are batched")
+            };
+            match self.prepare_upsert(&map, publisher, seq, &card, text, origin, sig, now) {
+                Ok(prepared) => {
+                    pending.add(prepared, named, results.len());
+                    results.push(None);
+                }
+                Err(done) => results.push(Some(Ok(done))),
+            }
         }
+        self.write_remote(&mut map, &mut pending, &mut results).await;
+        let results: Vec<_> = results.into_iter().map(|r| r.expect("every batched row is written")).collect();
         if results.iter().any(|r| r.as_ref().is_ok_and(Applied::changed_view)) {
             self.publish(&mut map);
         }
         results
+    }
+
+    /// Writes the remote rows `pending` holds as one store batch (without a flush of its own: the mesh
+    /// sends a remote card again after a crash), then puts their entries in the view; if the batch
+    /// fails, none is in the view and each gets the error.
+    async fn write_remote(
+        &self,
+        map: &mut Entries,
+        pending: &mut Pending,
+        results: &mut [Option<Result<Applied, RegistryError>>],
+    ) {
+        if pending.rows.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut pending.rows);
+        let written = self.store.put_rows(&rows).await;
+        drop(rows);
+        pending.keys.clear();
+        for Waiting { prepared, named, slot } in pending.entries.drain(..) {
+            let result = match &written {
+                Ok(()) => {
+                    let created = prepared.created;
+                    let seq = prepared.entry.seq;
+                    let entry = Arc::new(prepared.entry);
+                    if let (true, Some((at, reported))) = (created, named) {
+                        entry.beat(at, reported);
+                    }
+                    map.insert(entry);
+                    Ok(if created { Applied::Created { seq } } else { Applied::Updated { seq } })
+                }
+                Err(error) => {
+                    if prepared.created {
+                        self.release(prepared.entry.key.publisher);
+                    }
+                    Err(RegistryError::Store(StoreError::Batch(error.to_string())))
+                }
+            };
+            results[slot] = Some(result);
+        }
+    }
+
+    /// An upsert up to its store write: admitted against the limits and the version held, its row
+    /// built and sealed, its entry made. `Err` is the outcome when there is nothing to write.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_upsert(
+        &self,
+        map: &Entries,
+        publisher: PeerId,
+        seq: u64,
+        card: &AgentCard,
+        text: String,
+        origin: Origin,
+        sig: Vec<u8>,
+        now: Millis,
+    ) -> Result<(Row, Prepared), Applied> {
+        let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
+        let held = map.get(&key);
+        let remote = origin == Origin::Remote;
+        let created = match self.remote.lock().admit(&key, held.map(|e| e.seq), seq, remote) {
+            Admission::Take { created } => created,
+            Admission::Stale => return Err(Applied::Stale { held: held.map(|e| e.seq) }),
+            Admission::Over(limit) => return Err(Applied::OverLimit(limit)),
+        };
+        let live = held.map(|e| e.live.clone()).unwrap_or_default();
+        let before = held.map(|e| e.seq);
+        let held_card = HeldCard::with_text(card, text.as_bytes());
+        drop(text);
+        let pub_bytes = publisher.to_bytes();
+        let mut row =
+            Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, held_card.packed(), &sig);
+        self.seal.seal(&mut row);
+        let entry = Entry {
+            id: EntryId::next(),
+            record_id: record_id(&publisher, &key.agent_id, seq),
+            key,
+            seq,
+            card: held_card,
+            publisher_name: self.publisher_name(publisher),
+            sig: sig.into_boxed_slice(),
+            origin,
+            updated_at: now,
+            live,
+        };
+        Ok((row, Prepared { entry, created, before }))
     }
 
     /// Applies one update to the writer's map and the store; the caller publishes the view.
@@ -693,30 +835,17 @@ impl Registry {
     ) -> Result<Applied, RegistryError> {
         let applied = match update {
             Update::Upsert { publisher, seq, card, text, origin, sig } => {
-                let key = RecordKey { agent_id: card.agent_id.clone(), publisher };
-                let held = map.get(&key);
-                let remote = origin == Origin::Remote;
-                let created = match self.remote.lock().admit(&key, held.map(|e| e.seq), seq, remote) {
-                    Admission::Take { created } => created,
-                    Admission::Stale => return Ok(Applied::Stale { held: held.map(|e| e.seq) }),
-                    Admission::Over(limit) => return Ok(Applied::OverLimit(limit)),
+                let prepared = match self.prepare_upsert(map, publisher, seq, &card, text, origin, sig, now) {
+                    Ok(prepared) => prepared,
+                    Err(done) => return Ok(done),
                 };
-                let live = held.map(|e| e.live.clone()).unwrap_or_default();
-                let card = HeldCard::with_text(&card, text.as_bytes());
-                drop(text);
-                let pub_bytes = publisher.to_bytes();
-                let mut row =
-                    Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, card.packed(), &sig);
-                self.seal.seal(&mut row);
+                let (row, Prepared { entry, created, before }) = prepared;
                 let write = self.store.put(&row, origin != Origin::Remote);
                 let stored = if origin == Origin::Remote {
                     write.await.map_err(RegistryError::from)
                 } else {
-                    let change = witness::Change {
-                        agent_id: key.agent_id.clone(),
-                        before: held.map(|e| e.seq),
-                        after: Some(seq),
-                    };
+                    let change =
+                        witness::Change { agent_id: entry.key.agent_id.clone(), before, after: Some(seq) };
                     self.write_local(&[change], write).await
                 };
                 if let Err(e) = stored {
@@ -725,21 +854,6 @@ impl Registry {
                     }
                     return Err(e);
                 }
-                let publisher_name = self.publisher_name(publisher);
-                let sig = sig.into_boxed_slice();
-                let id = EntryId::next();
-                let entry = Entry {
-                    id,
-                    record_id: record_id(&publisher, &key.agent_id, seq),
-                    key: key.clone(),
-                    seq,
-                    card,
-                    publisher_name,
-                    sig,
-                    origin,
-                    updated_at: now,
-                    live,
-                };
                 map.insert(Arc::new(entry));
                 if created {
                     Applied::Created { seq }
@@ -1153,6 +1267,73 @@ mod tests {
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!((report.local, report.remote, report.sealed, report.unreadable), (1, 0, 1, 1));
         assert!(r.snapshot().entries.iter().all(|e| !e.card.text().contains("evil")));
+    }
+
+    /// A sync answer's remote cards go to the store as one batch: a second version of a card in the
+    /// same answer waits for the first's write and wins; a failed batch leaves none of its cards in the
+    /// view and gives their places under the limits back.
+    #[tokio::test]
+    async fn remote_cards_of_an_answer_are_stored_together_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let other = Keypair::generate_ed25519();
+        let publisher = other.public().to_peer_id();
+        let update = |id: &str, seq: u64| {
+            let json = format!(r#"{{"agent_id":"{id}","base_url":"http://h","skills":[{{"id":"s"}}]}}"#);
+            let card = AgentCard::from_json(json.as_bytes()).unwrap().signed(&other);
+            let body = crate::wire::CardBody {
+                agent_id: id.into(),
+                seq,
+                card: String::from_utf8(card.to_json()).unwrap(),
+            };
+            let sig = crate::wire::sign_card(&other, &body);
+            Update::upsert(publisher, seq, card, Origin::Remote, sig)
+        };
+        let limits = Limits { per_publisher: 4, remote_records: 100 };
+        let outcomes = |results: Vec<Result<Applied, RegistryError>>| {
+            results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(Applied::Created { seq }) => format!("created {seq}"),
+                    Ok(Applied::Updated { seq }) => format!("updated {seq}"),
+                    Ok(Applied::Stale { held }) => format!("stale {held:?}"),
+                    Ok(other) => format!("{other:?}"),
+                    Err(RegistryError::Store(StoreError::Batch(_))) => "batch failed".to_owned(),
+                    Err(e) => format!("error {e}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        {
+            let (r, _) =
+                Registry::open_checked(dir.path(), key.clone(), Thresholds::default(), limits, false)
+                    .unwrap();
+            let answer = vec![update("x", 1), update("y", 1), update("x", 2), update("y", 1)];
+            let results = outcomes(r.apply_many(answer, 1_000).await);
+            assert_eq!(results, ["created 1", "created 1", "updated 2", "stale Some(1)"]);
+            assert_eq!(r.rows_written(), 3);
+            let mut view: Vec<_> =
+                r.snapshot().entries.iter().map(|e| (e.key.agent_id.clone(), e.seq)).collect();
+            view.sort();
+            assert_eq!(view, [("x".to_owned(), 2), ("y".to_owned(), 1)]);
+
+            r.store.fail_writes().await;
+            let results = outcomes(r.apply_many(vec![update("z", 1), update("w", 1)], 2_000).await);
+            assert_eq!(results, ["batch failed", "batch failed"]);
+            assert_eq!(r.snapshot().entries.len(), 2, "nothing of a failed batch is in the view");
+            r.reopen_store().await.unwrap();
+            // Had the failed batch kept its places, the limit of 4 would refuse both of these.
+            let results =
+                outcomes(r.apply_many(vec![update("z", 1), update("w", 1), update("v", 1)], 3_000).await);
+            assert_eq!(results, ["created 1", "created 1", "OverLimit(Publisher)"]);
+            r.flush().await.unwrap();
+        }
+        let (r, report) =
+            Registry::open_checked(dir.path(), key, Thresholds::default(), limits, false).unwrap();
+        assert_eq!((report.remote, report.unreadable), (4, 0));
+        let mut view: Vec<_> = r.snapshot().entries.iter().map(|e| (e.key.agent_id.clone(), e.seq)).collect();
+        view.sort();
+        let expected = [("w", 1), ("x", 2), ("y", 1), ("z", 1)].map(|(id, seq)| (id.to_owned(), seq));
+        assert_eq!(view, expected);
     }
 
     /// A card at the size limit is longer than the limit once signed; its stored row still reads back.

@@ -39,6 +39,9 @@ pub enum StoreError {
     Read(sled::Error),
     #[error("store closed: its last reopen failed ({0}); the next one is tried shortly")]
     Closed(String),
+    /// A batch of rows that failed as a whole: each of its rows reports the one error.
+    #[error("store write of a batch failed: {0}")]
+    Batch(String),
 }
 
 /// One stored record, as written.
@@ -276,11 +279,7 @@ impl Store {
     /// before they are acknowledged; remote ones can always be fetched again from the mesh, so they ride
     /// on sled's periodic flush instead of paying an fsync each.
     pub async fn put(&self, row: &Row, durable: bool) -> Result<(), StoreError> {
-        let mut value = Vec::with_capacity(row.card.len() + row.packed.len() + 64);
-        // Encoding into a Vec cannot fail for this plain struct.
-        ciborium::into_writer(row, &mut value)
-            .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
-        self.records.insert(row.key(), value).map_err(StoreError::Write)?;
+        self.records.insert(row.key(), encode(row)?).map_err(StoreError::Write)?;
         if durable {
             self.flush().await?;
         }
@@ -302,16 +301,27 @@ impl Store {
 
     /// Writes many rows with one flush (bulk loads and tooling).
     pub async fn put_many(&self, rows: &[Row]) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for row in rows {
-            let mut value = Vec::new();
-            ciborium::into_writer(row, &mut value)
-                .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
-            batch.insert(row.key(), value);
-        }
-        self.records.apply_batch(batch).map_err(StoreError::Write)?;
+        self.put_rows(rows)?;
         self.flush().await
     }
+
+    /// Writes many rows as one atomic batch, without a flush: all of them or none.
+    pub fn put_rows(&self, rows: &[Row]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for row in rows {
+            batch.insert(row.key(), encode(row)?);
+        }
+        self.records.apply_batch(batch).map_err(StoreError::Write)
+    }
+}
+
+/// A row as the store holds it (CBOR).
+fn encode(row: &Row) -> Result<Vec<u8>, StoreError> {
+    let mut value = Vec::with_capacity(row.card.len() + row.packed.len() + row.sig.len() + 96);
+    // Encoding into a Vec cannot fail for this plain struct.
+    ciborium::into_writer(row, &mut value)
+        .map_err(|e| StoreError::Write(sled::Error::Unsupported(e.to_string())))?;
+    Ok(value)
 }
 
 /// The store as the registry writes it: closed and reopened after a burst of writes, because sled keeps
@@ -359,6 +369,17 @@ impl Reopening {
 
     pub async fn put_many(&self, rows: &[Row]) -> Result<(), StoreError> {
         self.with(rows.len(), async |s| s.put_many(rows).await).await
+    }
+
+    /// Closes the store as a failed reopen leaves it: every write fails until the next reopen.
+    #[cfg(test)]
+    pub async fn fail_writes(&self) {
+        *self.store.write().await = Err("closed by a test".to_owned());
+    }
+
+    /// [`Store::put_rows`]: one batch, no flush.
+    pub async fn put_rows(&self, rows: &[Row]) -> Result<(), StoreError> {
+        self.with(rows.len(), async |s| s.put_rows(rows)).await
     }
 
     pub async fn flush(&self) -> Result<(), StoreError> {

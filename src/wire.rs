@@ -7,6 +7,8 @@
 //! [`open`] checks size, version, publisher key and signature before it decodes the body: nothing a peer
 //! sends is interpreted until its signature verifies. Pure: no I/O, no clock.
 
+pub mod batch;
+
 use libp2p::identity::{Keypair, PeerId};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -443,19 +445,17 @@ pub fn verify_all(sealed: Vec<Sealed>) -> Vec<Result<Checked, WireError>> {
     }
 }
 
-/// Whether every signature verifies, by one batch equation. False when any signature is malformed or
-/// there are fewer than two: the caller then checks one by one, which decides.
+/// Whether every signature verifies, by one batch equation ([`batch::verify`]). False when any
+/// signature is malformed or there are fewer than two: the caller then checks one by one, which decides.
 fn batch_verifies<'a>(
     items: impl Iterator<Item = (&'a [u8], Option<ed25519_dalek::Signature>, ed25519_dalek::VerifyingKey)>,
 ) -> bool {
-    let (mut messages, mut sigs, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    let mut batch = Vec::new();
     for (message, sig, key) in items {
         let Some(sig) = sig else { return false };
-        messages.push(message);
-        sigs.push(sig);
-        keys.push(key);
+        batch.push((message, sig, key));
     }
-    messages.len() >= 2 && ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
+    batch.len() >= 2 && batch::verify(&batch)
 }
 
 impl Checked {

@@ -146,10 +146,11 @@ pub async fn run(
     // threads while the worker judges gossip or applies the answer before it: a node catching up spends
     // about as long opening an answer as applying one, so the two overlap instead of taking turns.
     let mut opening: Option<Opening> = None;
+    let mut share = Share::default();
     loop {
         if opening.is_none() {
             if let Ok(answer) = inbox.answers.try_recv() {
-                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+                opening = Some(Opening::start(answer, &registry, &policy, &counters, &share));
             }
         }
         // Gossip first: whatever gossip is queued is judged before the next sync answer is applied, so a
@@ -176,7 +177,7 @@ pub async fn run(
         };
         let opened = match next {
             Next::Answer(answer) => {
-                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+                opening = Some(Opening::start(answer, &registry, &policy, &counters, &share));
                 continue;
             }
             Next::Gossip => match opening.take() {
@@ -199,10 +200,12 @@ pub async fn run(
         if let Some(opened) = opened {
             // The answer after it is opened while this one is applied.
             if let Ok(answer) = inbox.answers.try_recv() {
-                opening = Some(Opening::start(answer, &registry, &policy, &counters));
+                opening = Some(Opening::start(answer, &registry, &policy, &counters, &share));
             }
-            let span = opened.span.clone();
+            let (span, messages, took) = (opened.span.clone(), opened.messages.count(), opened.messages.took);
+            let applying = std::time::Instant::now();
             apply_opened(&registry, opened, &policy, &counters, &verdicts).instrument(span).await;
+            share.learn(messages, took, applying.elapsed());
         }
     }
 }
@@ -222,6 +225,60 @@ struct Opening {
     span: tracing::Span,
     started: std::time::Instant,
     task: tokio::task::JoinHandle<OpenedMessages>,
+    /// The answer's last messages, which the worker opens itself once it is free ([`Share`]).
+    tail: Tail,
+}
+
+/// The part of an answer the worker opens itself, with what opening it needs.
+#[derive(Default)]
+enum Tail {
+    #[default]
+    None,
+    Waiting {
+        messages: Vec<ByteBuf>,
+        snapshot: Arc<Snapshot>,
+        policy: Arc<Policy>,
+        counters: Arc<Counters>,
+    },
+    Opened(OpenedMessages),
+}
+
+/// Answers shorter than this are opened whole on the blocking thread.
+const SHARE_FROM: usize = 64;
+
+/// How much of the next sync answer the worker opens itself. The blocking thread opens the answer while
+/// the worker applies the one before, and opening costs about twice what applying does, so the worker
+/// waited half the time: it now opens the answer's tail, sized so that both finish together. With `o`
+/// and `a` the cost of opening and of applying a message, the worker's share `s` of the opening makes
+/// `(1 - s) o = a + s o`, so `s = (o - a) / 2o` (none when applying costs more). Two threads per node
+/// still, as before: a machine whose cores are all busy does the same work, an idle one uses both cores.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Share {
+    /// Nanoseconds to open and to apply one message, averaged over the answers so far; none yet: 0.
+    open_ns: f64,
+    apply_ns: f64,
+}
+
+impl Share {
+    /// The messages of an answer of `len` the worker opens itself (its last ones).
+    fn tail(&self, len: usize) -> usize {
+        if len < SHARE_FROM || self.open_ns <= self.apply_ns {
+            return 0;
+        }
+        let share = (self.open_ns - self.apply_ns) / (2.0 * self.open_ns);
+        (len as f64 * share.min(0.5)) as usize
+    }
+
+    /// Learns from an answer of `messages` that took `opened` to open and `applied` to apply.
+    fn learn(&mut self, messages: usize, opened: std::time::Duration, applied: std::time::Duration) {
+        if messages < SHARE_FROM {
+            return;
+        }
+        let per = |d: std::time::Duration| d.as_nanos() as f64 / messages as f64;
+        let blend = |old: f64, new: f64| if old == 0.0 { new } else { (old + new) / 2.0 };
+        self.open_ns = blend(self.open_ns, per(opened));
+        self.apply_ns = blend(self.apply_ns, per(applied));
+    }
 }
 
 impl Opening {
@@ -230,31 +287,53 @@ impl Opening {
         registry: &Registry,
         policy: &Arc<Policy>,
         counters: &Arc<Counters>,
+        share: &Share,
     ) -> Self {
-        let Answer { from, messages, fetched } = answer;
+        let Answer { from, mut messages, fetched } = answer;
         if messages.len() >= BURST_MESSAGES {
             crate::heap::burst();
         }
         // A child of the sync exchange that brought the messages, so a log follows both.
         let span = tracing::info_span!(parent: &exchange, "ingest", %from, source = "sync", messages = messages.len());
-        let (snapshot, policy, counters) = (registry.snapshot(), policy.clone(), counters.clone());
+        let snapshot = registry.snapshot();
+        let tail = match share.tail(messages.len()) {
+            0 => Tail::None,
+            n => Tail::Waiting {
+                messages: messages.split_off(messages.len() - n),
+                snapshot: snapshot.clone(),
+                policy: policy.clone(),
+                counters: counters.clone(),
+            },
+        };
+        let (policy, counters) = (policy.clone(), counters.clone());
         let in_span = span.clone();
         let task = tokio::task::spawn_blocking(move || {
             in_span.in_scope(|| open_answer(from, messages, &snapshot, &policy, &counters))
         });
-        Self { from, fetched, span, started: std::time::Instant::now(), task }
+        Self { from, fetched, span, started: std::time::Instant::now(), task, tail }
     }
 
-    /// The answer once opened. Polled by reference, so a select that takes another branch leaves the
-    /// opening whole; nothing is awaited after the task ends. A panic while opening (ruled out by the
-    /// fuzz targets) drops the answer's messages: the records it was asked for are settled all the same,
-    /// so they are asked for again.
+    /// The answer once opened: the worker opens the tail first, then waits for the rest. Polled by
+    /// reference, so a select that takes another branch leaves the opening whole (an opened tail is
+    /// kept); nothing is awaited after the task ends. A panic while opening (ruled out by the fuzz
+    /// targets) drops the answer's messages: the records it was asked for are settled all the same, so
+    /// they are asked for again.
     async fn finish(&mut self) -> Opened {
         let from = self.from;
-        let messages = (&mut self.task).await.unwrap_or_else(|error| {
+        self.tail = match std::mem::take(&mut self.tail) {
+            Tail::Waiting { messages, snapshot, policy, counters } => Tail::Opened(
+                self.span.in_scope(|| open_answer(from, messages, &snapshot, &policy, &counters)),
+            ),
+            // Opened by a call that was dropped while it waited for the task, or none.
+            kept => kept,
+        };
+        let mut messages = (&mut self.task).await.unwrap_or_else(|error| {
             tracing::error!(%from, %error, "opening a sync answer failed; its records are asked for again");
             OpenedMessages::default()
         });
+        if let Tail::Opened(tail) = std::mem::take(&mut self.tail) {
+            messages.append(tail);
+        }
         let (fetched, span) = (std::mem::take(&mut self.fetched), self.span.clone());
         Opened { from, fetched, span, started: self.started, messages }
     }
@@ -384,6 +463,21 @@ struct OpenedMessages {
     took: std::time::Duration,
 }
 
+impl OpenedMessages {
+    /// The messages it held, refused and repeated ones included.
+    fn count(&self) -> usize {
+        self.opened.len() + self.rejected as usize + self.repeated
+    }
+
+    /// Adds the messages that came after these in the same answer.
+    fn append(&mut self, after: OpenedMessages) {
+        self.opened.extend(after.opened);
+        self.rejected += after.rejected;
+        self.repeated += after.repeated;
+        self.took += after.took;
+    }
+}
+
 /// A sync answer ready to be applied.
 struct Opened {
     from: PeerId,
@@ -396,10 +490,11 @@ struct Opened {
 
 /// Opens a sync answer's messages, the part of its work that needs no lock: every signature checked in
 /// one batch, the cards decoded. A card of a version `snapshot` holds already is dropped unchecked; so
-/// is a message that does not parse (counted against `from`). On the one thread it runs on: it already
-/// runs beside the worker applying the answer before it, and splitting it over every core as well put
-/// three threads of each node on two cores; a 50-node mesh catching up at once reached the full view
-/// later that way (BENCHMARKS.md, "The full view, commit by commit").
+/// is a message that does not parse (counted against `from`). On the one thread it runs on: the
+/// blocking thread, beside the worker applying the answer before it, and the worker for the answer's
+/// tail ([`Share`]). Splitting it over every core as well put three threads of each node on two cores;
+/// a 50-node mesh catching up at once reached the full view later that way (BENCHMARKS.md, "The full
+/// view, commit by commit").
 fn open_answer(
     from: PeerId,
     messages: Vec<ByteBuf>,
@@ -885,6 +980,95 @@ mod tests {
             key,
             &CardBody { agent_id: id.into(), seq, card: String::from_utf8(card.to_json()).unwrap() },
         )
+    }
+
+    /// The worker's share of an opening makes both threads finish together, and is none for short
+    /// answers, before anything is known, or when applying costs more than opening.
+    #[test]
+    fn the_worker_opens_the_share_that_balances_the_two_threads() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(Share::default().tail(256), 0, "nothing measured yet");
+        let mut share = Share::default();
+        share.learn(SHARE_FROM - 1, ms(30), ms(15));
+        assert_eq!(share, Share::default(), "a short answer teaches nothing");
+        share.learn(256, ms(30), ms(15));
+        assert_eq!(share.tail(256), 64, "opening twice applying: a quarter");
+        assert_eq!(share.tail(SHARE_FROM - 1), 0);
+        share.learn(256, ms(10), ms(35));
+        assert_eq!(share.tail(256), 0, "applying costs more (averaged: 20 against 25 ms)");
+        let opening_alone = Share { open_ns: 1000.0, apply_ns: 0.0 };
+        assert_eq!(opening_alone.tail(256), 128, "at most half");
+    }
+
+    /// An answer opened in two parts (the tail by the worker) is applied whole and in order, its
+    /// refusals and repeats counted as when opened in one.
+    #[tokio::test]
+    async fn an_answer_opened_in_two_parts_is_applied_whole() {
+        let h = Harness::new();
+        let (carrier, publisher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let from = carrier.public().to_peer_id();
+        h.sync(from, &[card_msg(&publisher, "agent-0", 1)], Vec::new()).await;
+        let mut messages: Vec<ByteBuf> =
+            (0..100).map(|n| ByteBuf::from(card_msg(&publisher, &format!("agent-{n}"), 1))).collect();
+        messages[90] = ByteBuf::from(b"not a message".to_vec());
+        let answer = Answer { from, messages, fetched: Vec::new() };
+        let share = Share { open_ns: 2.0, apply_ns: 1.0 };
+        let (policy, counters) = (Arc::new(h.policy.clone()), Arc::new(Counters::default()));
+        let mut opening =
+            Opening::start((answer, tracing::Span::none()), &h.registry, &policy, &counters, &share);
+        assert!(matches!(&opening.tail, Tail::Waiting { messages, .. } if messages.len() == 25));
+        let opened = opening.finish().await;
+        assert_eq!(
+            (opened.messages.count(), opened.messages.rejected, opened.messages.repeated),
+            (100, 1, 1)
+        );
+        let order: Vec<String> = opened
+            .messages
+            .opened
+            .iter()
+            .map(|(verified, _)| match verified {
+                Ok(wire::Verified { message: Message::Card { body, .. }, .. }) => body.agent_id.clone(),
+                _ => "refused".to_owned(),
+            })
+            .collect();
+        let expected: Vec<String> = (1..100).filter(|&n| n != 90).map(|n| format!("agent-{n}")).collect();
+        assert_eq!(order, expected);
+        apply_opened(&h.registry, opened, &h.policy, &h.counters, &h.verdicts).await;
+        assert_eq!(h.view().len(), 99);
+    }
+
+    /// A wait for an opening that is dropped after the worker opened the tail (the select took gossip)
+    /// keeps the tail for the next wait.
+    #[tokio::test]
+    async fn a_tail_opened_before_an_interrupted_wait_is_kept() {
+        let h = Harness::new();
+        let publisher = Keypair::generate_ed25519();
+        let from = Keypair::generate_ed25519().public().to_peer_id();
+        let tail: Vec<ByteBuf> =
+            (0..3).map(|n| ByteBuf::from(card_msg(&publisher, &format!("agent-{n}"), 1))).collect();
+        let (gate, gated) = tokio::sync::oneshot::channel::<()>();
+        let mut opening = Opening {
+            from,
+            fetched: Vec::new(),
+            span: tracing::Span::none(),
+            started: std::time::Instant::now(),
+            task: tokio::task::spawn_blocking(move || {
+                let _ = gated.blocking_recv();
+                OpenedMessages::default()
+            }),
+            tail: Tail::Waiting {
+                messages: tail,
+                snapshot: h.registry.snapshot(),
+                policy: Arc::new(h.policy.clone()),
+                counters: Arc::new(Counters::default()),
+            },
+        };
+        let interrupted = tokio::time::timeout(std::time::Duration::from_millis(20), opening.finish()).await;
+        assert!(interrupted.is_err(), "the head is still being opened");
+        assert!(matches!(&opening.tail, Tail::Opened(t) if t.count() == 3));
+        gate.send(()).unwrap();
+        let opened = opening.finish().await;
+        assert_eq!(opened.messages.count(), 3, "the tail opened before is in the answer");
     }
 
     /// Gossip taken from the queue together: every message gets its own verdict, in order, a forgery

@@ -126,7 +126,14 @@ impl Node {
         })
         .await
         .map_err(|e| TaskError::Failed { task: "store open", reason: e.to_string() })??;
-        tracing::info!(%peer_id, local = report.local, remote = report.remote, unreadable = report.unreadable, "store opened");
+        tracing::info!(
+            %peer_id,
+            local = report.local,
+            remote = report.remote,
+            unreadable = report.unreadable,
+            rewrite = report.rewrite,
+            "store opened"
+        );
         let registry = Arc::new(registry);
         let allowed_publishers: Option<Arc<HashSet<PeerId>>> = (!config.allowed_publishers.is_empty())
             .then(|| Arc::new(config.allowed_publishers.iter().copied().collect()));
@@ -304,11 +311,25 @@ async fn evict(registry: Arc<Registry>, every: Duration, evict_after: Duration, 
 }
 
 /// Reopens the store when [`store_reopen_due`] says so, to give back the memory sled holds for the rows
-/// written (a joiner's catch-up, a bulk registration).
+/// written (a joiner's catch-up, a bulk registration); first, at its first tick, writes again the rows
+/// the store opened with in an older form ([`Registry::rewrite_rows`]).
 async fn reopen_store(registry: Arc<Registry>, cancel: CancellationToken) {
     let mut ticks = Ticks::new(STORE_REOPEN_CHECK, cancel);
     let mut before = 0;
     while ticks.next().await {
+        if registry.rows_to_rewrite() > 0 {
+            // Rows an older version wrote (or this node had not sealed): written once in the current
+            // form, so the next start takes them on their seal without compressing them again.
+            let started = std::time::Instant::now();
+            match registry.rewrite_rows(usize::MAX).await {
+                Ok(rows) => tracing::info!(
+                    rows,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "store rows written again in the current form"
+                ),
+                Err(error) => tracing::warn!(%error, "writing store rows again failed; tried again later"),
+            }
+        }
         let written = registry.rows_written();
         if store_reopen_due(written, before) {
             let started = std::time::Instant::now();

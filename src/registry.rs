@@ -464,7 +464,13 @@ pub struct Registry {
     /// The error of the last local write, if it failed (a full disk, say); cleared by the next one that
     /// succeeds. The node reports itself degraded meanwhile.
     store_error: std::sync::Mutex<Option<String>>,
+    /// Records loaded from rows not in the current form, and their seqs: written again by
+    /// [`Registry::rewrite_rows`], so that the next start takes them on their seal, compressed.
+    rewrite: std::sync::Mutex<ToRewrite>,
 }
+
+/// Records whose rows are to be written again, with the seq each was loaded at.
+type ToRewrite = Vec<(RecordKey, u64)>;
 
 /// PeerId text per publisher, computed once and shared by all of its entries.
 #[derive(Default)]
@@ -490,6 +496,9 @@ pub struct OpenReport {
     pub unreadable: usize,
     /// Records taken on their seal, without verifying their signatures again (the rest were).
     pub sealed: usize,
+    /// Records whose rows are to be written again in the current form ([`Registry::rewrite_rows`]): rows
+    /// of an older version, rows this node had not sealed, local cards signed again at load.
+    pub rewrite: usize,
 }
 
 impl Registry {
@@ -516,7 +525,7 @@ impl Registry {
         let seal = SealKey::derive(&signer);
         let store = Store::reopen(dir)?;
         let names = PublisherNames::default();
-        let (mut map, report) = load_view(&store, &names, &signer, &seal)?;
+        let (mut map, report, rewrite) = load_view(&store, &names, &signer, &seal)?;
         // sled keeps every page it read during the full scan resident, whatever its cache capacity
         // (measured: about 2x the data). Reopening drops that; the view is already in memory.
         drop(store);
@@ -550,6 +559,7 @@ impl Registry {
             remote,
             witness,
             store_error: std::sync::Mutex::new(None),
+            rewrite: std::sync::Mutex::new(rewrite),
         };
         Ok((registry, report))
     }
@@ -1023,6 +1033,66 @@ impl Registry {
         self.store.written()
     }
 
+    /// Writes the rows of up to `most` records loaded from rows not in the current form again, as this
+    /// node would write them now (the compressed card, sealed), in store batches of [`STORE_BATCH`]; a
+    /// record changed since is skipped, its row being current already. Returns the rows written; on a
+    /// store error the records not written stay to do.
+    pub async fn rewrite_rows(&self, most: usize) -> Result<usize, RegistryError> {
+        let mut written = 0;
+        while written < most {
+            let chunk: Vec<(RecordKey, u64)> = {
+                let mut todo = self.rewrite.lock().unwrap_or_else(|p| p.into_inner());
+                let take = todo.len().min(STORE_BATCH).min(most - written);
+                if take == todo.len() {
+                    // The last of them: the list's room goes too.
+                    std::mem::take(&mut *todo)
+                } else {
+                    let at = todo.len() - take;
+                    todo.split_off(at)
+                }
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            let map = self.writer.lock().await;
+            let rows: Vec<Row> = chunk
+                .iter()
+                .filter_map(|(key, seq)| map.get(key).filter(|e| e.seq == *seq))
+                .map(|e| {
+                    let publisher = e.key.publisher.to_bytes();
+                    let (origin, packed) = (e.origin.to_u8(), e.card.packed());
+                    let mut row = Row::new(
+                        &publisher,
+                        e.key.agent_id.clone(),
+                        e.seq,
+                        origin,
+                        e.updated_at,
+                        packed,
+                        &e.sig,
+                    );
+                    self.seal.seal(&mut row);
+                    row
+                })
+                .collect();
+            if let Err(error) = self.store.put_rows(&rows).await {
+                self.rewrite.lock().unwrap_or_else(|p| p.into_inner()).extend(chunk);
+                return Err(error.into());
+            }
+            drop(map);
+            written += rows.len();
+            tokio::task::yield_now().await;
+        }
+        if written > 0 {
+            self.store.flush().await?;
+        }
+        Ok(written)
+    }
+
+    /// Records whose rows are still to be written again ([`Registry::rewrite_rows`]).
+    pub fn rows_to_rewrite(&self) -> usize {
+        self.rewrite.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Closes and reopens the store to give back the memory sled keeps for every page written
     /// ([`store::Reopening`]); writes wait meanwhile.
     pub async fn reopen_store(&self) -> Result<(), RegistryError> {
@@ -1049,9 +1119,9 @@ fn load_view(
     names: &PublisherNames,
     signer: &Keypair,
     seal: &SealKey,
-) -> Result<(Entries, OpenReport), StoreError> {
+) -> Result<(Entries, OpenReport, ToRewrite), StoreError> {
     use std::sync::mpsc::sync_channel;
-    type Loaded = Vec<(String, bool, Option<Entry>)>;
+    type Loaded = Vec<(String, bool, bool, Option<Entry>)>;
     let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(LOAD_THREADS);
     let (rows_tx, rows_rx) = sync_channel::<Vec<Row>>(LOAD_QUEUE);
     let rows_rx = std::sync::Mutex::new(rows_rx);
@@ -1069,7 +1139,8 @@ fn load_view(
                     .map(|row| {
                         let agent_id = row.agent_id.clone();
                         let sealed = seal.sealed(&row);
-                        (agent_id, sealed, entry_from_row(row, sealed, names, signer))
+                        let current = sealed && !row.holds_text();
+                        (agent_id, sealed, current, entry_from_row(row, sealed, names, signer))
                     })
                     .collect();
                 if loaded_tx.send(loaded).is_err() {
@@ -1081,10 +1152,14 @@ fn load_view(
         let collector = scope.spawn(move || {
             let mut map = Entries::default();
             let mut report = OpenReport::default();
-            for (agent_id, sealed, entry) in loaded_rx.into_iter().flatten() {
+            let mut rewrite = Vec::new();
+            for (agent_id, sealed, current, entry) in loaded_rx.into_iter().flatten() {
                 match entry {
                     Some(entry) => {
                         report.sealed += usize::from(sealed);
+                        if !current {
+                            rewrite.push((entry.key.clone(), entry.seq));
+                        }
                         if entry.is_local() {
                             report.local += 1;
                         } else {
@@ -1098,7 +1173,8 @@ fn load_view(
                     }
                 }
             }
-            (map, report)
+            report.rewrite = rewrite.len();
+            (map, report, rewrite)
         });
         let mut batch = Vec::with_capacity(LOAD_BATCH);
         let read = store.load(|row| {
@@ -1112,9 +1188,10 @@ fn load_view(
             let _ = rows_tx.send(batch);
         }
         drop(rows_tx);
-        let (map, mut report) = collector.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let (map, mut report, rewrite) =
+            collector.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         report.unreadable += read?;
-        Ok((map, report))
+        Ok((map, report, rewrite))
     })
 }
 
@@ -1358,6 +1435,97 @@ mod tests {
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!((report.local, report.sealed, report.unreadable), (1, 1, 0));
         assert_eq!(r.snapshot().entries[0].key.agent_id, "a");
+    }
+
+    /// Rows an older version wrote, or that this node had not sealed, are written again in the current
+    /// form: the next start takes them on their seal, and they read back as they were. A record changed
+    /// since the start is left alone (its row is current already).
+    #[tokio::test]
+    async fn rows_in_an_older_form_are_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let card = |id: &str, version: &str| {
+            let json = format!(
+                r#"{{"agent_id":"{id}","base_url":"http://h","version":"{version}","skills":[{{"id":"s"}}]}}"#
+            );
+            AgentCard::from_json(json.as_bytes()).unwrap()
+        };
+        let held = |r: &Registry| {
+            let mut held: Vec<_> = r
+                .snapshot()
+                .entries
+                .iter()
+                .map(|e| (e.key.agent_id.clone(), e.seq, e.card.clone()))
+                .collect();
+            held.sort_by(|a, b| a.0.cmp(&b.0));
+            held
+        };
+        let before = {
+            let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+            for id in ["a", "b", "c"] {
+                r.register_local(card(id, "1"), Liveness::Node, 1_000).await.unwrap();
+            }
+            held(&r)
+        };
+        {
+            // "a" as version 1 wrote it, "b" not sealed, "c" as it is.
+            let store = Store::reopen(dir.path()).unwrap();
+            let mut rows = Vec::new();
+            store.load(|row| rows.push(row)).unwrap();
+            for mut row in rows {
+                match row.agent_id.as_str() {
+                    "a" => {
+                        row.card = row.text().unwrap();
+                        row.packed = Default::default();
+                        row.version = 1;
+                        row.seal = Default::default();
+                        SealKey::derive(&key).seal(&mut row);
+                    }
+                    "b" => row.seal = Default::default(),
+                    _ => continue,
+                }
+                store.put(&row, true).await.unwrap();
+            }
+        }
+        let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.sealed, report.rewrite), (3, 2, 2));
+        assert_eq!(r.rows_to_rewrite(), 2);
+        assert_eq!(r.rewrite_rows(usize::MAX).await.unwrap(), 2);
+        assert_eq!((r.rows_to_rewrite(), r.rewrite_rows(usize::MAX).await.unwrap()), (0, 0));
+        drop(r);
+        let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+        assert_eq!((report.local, report.sealed, report.rewrite), (3, 3, 0));
+        assert_eq!(held(&r), before, "written again, read back as they were");
+        let store_rows = {
+            drop(r);
+            let store = Store::reopen(dir.path()).unwrap();
+            let mut versions = Vec::new();
+            store.load(|row| versions.push(row.holds_text())).unwrap();
+            versions
+        };
+        assert_eq!(store_rows, [false, false, false], "no row holds its text as it is any more");
+
+        // A record updated after the start keeps the row its update wrote.
+        {
+            let store = Store::reopen(dir.path()).unwrap();
+            let mut rows = Vec::new();
+            store.load(|row| rows.push(row)).unwrap();
+            let mut row = rows.into_iter().find(|row| row.agent_id == "a").unwrap();
+            row.seal = Default::default();
+            store.put(&row, true).await.unwrap();
+        }
+        let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
+        assert_eq!(report.rewrite, 1);
+        r.register_local(card("a", "2"), Liveness::Node, 5_000).await.unwrap();
+        assert_eq!(r.rewrite_rows(usize::MAX).await.unwrap(), 0);
+        drop(r);
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!((report.sealed, report.rewrite), (3, 0));
+        assert!(r
+            .snapshot()
+            .entries
+            .iter()
+            .any(|e| e.key.agent_id == "a" && e.card.text().contains(r#""2""#)));
     }
 
     /// Rows of version 1 (the card's text as it is) are read as they were: sealed ones taken as they

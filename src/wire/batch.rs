@@ -11,8 +11,10 @@
 //! batch is mostly signed by few publishers (a sync answer holds one publisher's cards, or a few), and
 //! the terms of one key add up: `sum_{i: A_i = A} (z_i h_i) A` is one point times one scalar. So the
 //! multiscalar multiplication takes `n + k + 1` points for `k` distinct keys instead of `2n + 1`, the
-//! larger part of a batch's cost. The result is the same as dalek's for every input: the same sum,
-//! grouped (tested against it below).
+//! larger part of a batch's cost. The equation is dalek's, its terms grouped; only the weights differ
+//! (dalek derives them from a transcript of the batch, these come from the thread's CSPRNG), so a batch
+//! of good signatures passes both and a bad signature fails both but with negligible probability
+//! (tested against it below).
 
 use std::collections::HashMap;
 

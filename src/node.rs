@@ -321,7 +321,7 @@ async fn reopen_store(registry: Arc<Registry>, cancel: CancellationToken) {
             // Rows an older version wrote (or this node had not sealed): written once in the current
             // form, so the next start takes them on their seal without compressing them again.
             let started = std::time::Instant::now();
-            match registry.rewrite_rows(usize::MAX).await {
+            match registry.rewrite_rows().await {
                 Ok(rows) => tracing::info!(
                     rows,
                     took_ms = started.elapsed().as_millis() as u64,

@@ -63,17 +63,13 @@ struct Waiting {
 struct Pending {
     rows: Vec<Row>,
     entries: Vec<Waiting>,
-    keys: std::collections::HashSet<(String, PeerId)>,
+    /// The records waiting, so that a second version of one waits for the write.
+    keys: std::collections::HashSet<RecordKey>,
 }
 
 impl Pending {
-    /// Whether a record of this key waits in the batch already (a second one waits for the write).
-    fn holds(&self, agent_id: &str, publisher: &PeerId) -> bool {
-        self.keys.contains(&(agent_id.to_owned(), *publisher))
-    }
-
     fn add(&mut self, (row, prepared): (Row, Prepared), named: Option<(Millis, Reported)>, slot: usize) {
-        self.keys.insert((prepared.entry.key.agent_id.clone(), prepared.entry.key.publisher));
+        self.keys.insert(prepared.entry.key.clone());
         self.rows.push(row);
         self.entries.push(Waiting { prepared, named, slot });
     }
@@ -722,7 +718,8 @@ impl Registry {
             };
             let batched = match &update {
                 Update::Upsert { publisher, card, origin: Origin::Remote, .. } => {
-                    !pending.holds(&card.agent_id, publisher)
+                    let key = RecordKey { agent_id: card.agent_id.clone(), publisher: *publisher };
+                    !pending.keys.contains(&key)
                 }
                 _ => false,
             };
@@ -791,6 +788,23 @@ impl Registry {
         }
     }
 
+    /// The store row of `entry` as this node writes it: the card as the view holds it, sealed.
+    fn sealed_row(&self, entry: &Entry) -> Row {
+        let publisher = entry.key.publisher.to_bytes();
+        let (agent_id, origin) = (entry.key.agent_id.clone(), entry.origin.to_u8());
+        let mut row = Row::new(
+            &publisher,
+            agent_id,
+            entry.seq,
+            origin,
+            entry.updated_at,
+            entry.card.packed(),
+            &entry.sig,
+        );
+        self.seal.seal(&mut row);
+        row
+    }
+
     /// An upsert up to its store write: admitted against the limits and the version held, its row
     /// built and sealed, its entry made. `Err` is the outcome when there is nothing to write.
     #[allow(clippy::too_many_arguments)]
@@ -817,10 +831,6 @@ impl Registry {
         let before = held.map(|e| e.seq);
         let held_card = HeldCard::with_text(card, text.as_bytes());
         drop(text);
-        let pub_bytes = publisher.to_bytes();
-        let mut row =
-            Row::new(&pub_bytes, key.agent_id.clone(), seq, origin.to_u8(), now, held_card.packed(), &sig);
-        self.seal.seal(&mut row);
         let entry = Entry {
             id: EntryId::next(),
             record_id: record_id(&publisher, &key.agent_id, seq),
@@ -833,7 +843,7 @@ impl Registry {
             updated_at: now,
             live,
         };
-        Ok((row, Prepared { entry, created, before }))
+        Ok((self.sealed_row(&entry), Prepared { entry, created, before }))
     }
 
     /// Applies one update to the writer's map and the store; the caller publishes the view.
@@ -969,7 +979,6 @@ impl Registry {
             .len();
         self.admit_local(new)?;
         let origin = Origin::Local(liveness);
-        let mut rows = Vec::with_capacity(cards.len());
         let mut entries = Vec::with_capacity(cards.len());
         for card in cards {
             let card = card.signed(&self.signer);
@@ -978,11 +987,6 @@ impl Registry {
             let json = String::from_utf8(card.to_json()).unwrap_or_default();
             let sig = self.sign(&card, &json, seq);
             let held = HeldCard::with_text(&card, json.as_bytes());
-            let me = self.me.to_bytes();
-            let mut row = Row::new(&me, key.agent_id.clone(), seq, origin.to_u8(), now, held.packed(), &sig);
-            self.seal.seal(&mut row);
-            rows.push(row);
-
             let live = Arc::new(Live::default());
             if liveness == Liveness::Agent {
                 live.beat(now, Reported::Ready);
@@ -1005,6 +1009,7 @@ impl Registry {
                 live,
             });
         }
+        let rows: Vec<Row> = entries.iter().map(|e| self.sealed_row(e)).collect();
         // Each change starts from the seq before it, the batch's own earlier rows included.
         let mut seqs: std::collections::HashMap<&str, Option<u64>> = std::collections::HashMap::new();
         let mut changes = Vec::with_capacity(entries.len());
@@ -1033,16 +1038,16 @@ impl Registry {
         self.store.written()
     }
 
-    /// Writes the rows of up to `most` records loaded from rows not in the current form again, as this
-    /// node would write them now (the compressed card, sealed), in store batches of [`STORE_BATCH`]; a
-    /// record changed since is skipped, its row being current already. Returns the rows written; on a
-    /// store error the records not written stay to do.
-    pub async fn rewrite_rows(&self, most: usize) -> Result<usize, RegistryError> {
+    /// Writes the rows of the records loaded from rows not in the current form again, as this node
+    /// would write them now ([`Registry::sealed_row`]), in store batches of [`STORE_BATCH`]; a record
+    /// changed since is skipped, its row being current already. Returns the rows written; on a store
+    /// error the records not written stay to do.
+    pub async fn rewrite_rows(&self) -> Result<usize, RegistryError> {
         let mut written = 0;
-        while written < most {
+        loop {
             let chunk: Vec<(RecordKey, u64)> = {
                 let mut todo = self.rewrite.lock().unwrap_or_else(|p| p.into_inner());
-                let take = todo.len().min(STORE_BATCH).min(most - written);
+                let take = todo.len().min(STORE_BATCH);
                 if take == todo.len() {
                     // The last of them: the list's room goes too.
                     std::mem::take(&mut *todo)
@@ -1058,21 +1063,7 @@ impl Registry {
             let rows: Vec<Row> = chunk
                 .iter()
                 .filter_map(|(key, seq)| map.get(key).filter(|e| e.seq == *seq))
-                .map(|e| {
-                    let publisher = e.key.publisher.to_bytes();
-                    let (origin, packed) = (e.origin.to_u8(), e.card.packed());
-                    let mut row = Row::new(
-                        &publisher,
-                        e.key.agent_id.clone(),
-                        e.seq,
-                        origin,
-                        e.updated_at,
-                        packed,
-                        &e.sig,
-                    );
-                    self.seal.seal(&mut row);
-                    row
-                })
+                .map(|e| self.sealed_row(e))
                 .collect();
             if let Err(error) = self.store.put_rows(&rows).await {
                 self.rewrite.lock().unwrap_or_else(|p| p.into_inner()).extend(chunk);
@@ -1490,8 +1481,8 @@ mod tests {
         let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
         assert_eq!((report.local, report.sealed, report.rewrite), (3, 2, 2));
         assert_eq!(r.rows_to_rewrite(), 2);
-        assert_eq!(r.rewrite_rows(usize::MAX).await.unwrap(), 2);
-        assert_eq!((r.rows_to_rewrite(), r.rewrite_rows(usize::MAX).await.unwrap()), (0, 0));
+        assert_eq!(r.rewrite_rows().await.unwrap(), 2);
+        assert_eq!((r.rows_to_rewrite(), r.rewrite_rows().await.unwrap()), (0, 0));
         drop(r);
         let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
         assert_eq!((report.local, report.sealed, report.rewrite), (3, 3, 0));
@@ -1517,7 +1508,7 @@ mod tests {
         let (r, report) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
         assert_eq!(report.rewrite, 1);
         r.register_local(card("a", "2"), Liveness::Node, 5_000).await.unwrap();
-        assert_eq!(r.rewrite_rows(usize::MAX).await.unwrap(), 0);
+        assert_eq!(r.rewrite_rows().await.unwrap(), 0);
         drop(r);
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!((report.sealed, report.rewrite), (3, 0));

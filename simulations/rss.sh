@@ -2,7 +2,8 @@
 # Resident memory of a node, read from /proc/PID/status 3 s after its health answer counts every agent:
 #   starts: a node started STARTS times on a store of AGENTS local agents (the first start after
 #           dropping the page cache when run as root), each with its time to ready and its RSS;
-#           AGENTS=0 starts an empty node;
+#           AGENTS=0 starts an empty node; on a store an older version wrote (POPULATE_BIN of that
+#           version), also the rows the node writes again after its start, and its RSS then;
 #   join:   a publisher of AGENTS agents and one empty node bootstrapping to it: the joiner's RSS once it
 #           holds every agent and 15 s later, the publisher's, and the joiner's again after a restart on
 #           its own data directory (the same view, loaded instead of caught up); and the CPU each of
@@ -95,11 +96,24 @@ case "$MODE" in
       if [ "$i" = 1 ] && [ "$(id -u)" = 0 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
         cold="page cache dropped"
       fi
+      logged=$(wc -l <"$work/daemon.log" 2>/dev/null || echo 0)
       start "$work/data" "$PORT" 0
       echo -n "start $i ($cold): "
       ready "$PORT"
       sleep 3
-      echo ", 3 s later: $(rss "$pid")"
+      echo -n ", 3 s later: $(rss "$pid")"
+      # Rows of an older form (a store POPULATE_BIN of an earlier version wrote) are written again by
+      # the node a few seconds after its start: wait (30 s at most) for that, then read RSS again.
+      if tail -n +"$((logged + 1))" "$work/daemon.log" | grep "store opened" | grep -q "rewrite=[1-9]"; then
+        for _ in $(seq 300); do
+          tail -n +"$((logged + 1))" "$work/daemon.log" | grep -q "written again" && break
+          sleep 0.1
+        done
+        sleep 1
+        echo -n "; $(tail -n +"$((logged + 1))" "$work/daemon.log" | grep -o 'written again.*rows=[0-9]* took_ms=[0-9]*' | grep -o 'rows=.*'),"
+        echo -n " 1 s later: $(rss "$pid")"
+      fi
+      echo
       stop "$pid"
     done
     ;;

@@ -982,6 +982,9 @@ mod tests {
         )
     }
 
+    /// How long a test waits for an opening.
+    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
     /// The worker's share of an opening makes both threads finish together, and is none for short
     /// answers, before anything is known, or when applying costs more than opening.
     #[test]
@@ -1017,7 +1020,7 @@ mod tests {
         let mut opening =
             Opening::start((answer, tracing::Span::none()), &h.registry, &policy, &counters, &share);
         assert!(matches!(&opening.tail, Tail::Waiting { messages, .. } if messages.len() == 25));
-        let opened = opening.finish().await;
+        let opened = tokio::time::timeout(DEADLINE, opening.finish()).await.expect("opened in time");
         assert_eq!(
             (opened.messages.count(), opened.messages.rejected, opened.messages.repeated),
             (100, 1, 1)
@@ -1067,7 +1070,7 @@ mod tests {
         assert!(interrupted.is_err(), "the head is still being opened");
         assert!(matches!(&opening.tail, Tail::Opened(t) if t.count() == 3));
         gate.send(()).unwrap();
-        let opened = opening.finish().await;
+        let opened = tokio::time::timeout(DEADLINE, opening.finish()).await.expect("opened in time");
         assert_eq!(opened.messages.count(), 3, "the tail opened before is in the answer");
     }
 

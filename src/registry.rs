@@ -692,8 +692,8 @@ impl Registry {
 
     /// Applies many updates (a sync response) and publishes the view once: building a snapshot is
     /// O(records), so a node catching up on thousands of cards must not build one per card. Remote
-    /// cards go to the store together, as one batch of up to [`STORE_BATCH`] rows (see
-    /// [`Registry::write_remote`]); the rest one by one, in the order given.
+    /// cards go to the store together, as one batch of up to [`STORE_BATCH`] rows, all of them or
+    /// none; the rest one by one, in the order given.
     ///
     /// A record new here whose publisher's newest heartbeat already named it (at this seq or an older
     /// one) is alive as of that heartbeat: a newcomer's agents turn `active` as their cards land, not
@@ -1039,7 +1039,7 @@ impl Registry {
     }
 
     /// Writes the rows of the records loaded from rows not in the current form again, as this node
-    /// would write them now ([`Registry::sealed_row`]), in store batches of [`STORE_BATCH`]; a record
+    /// would write them now (sealed, in the current version), in store batches of [`STORE_BATCH`]; a record
     /// changed since is skipped, its row being current already. Returns the rows written; on a store
     /// error the records not written stay to do.
     pub async fn rewrite_rows(&self) -> Result<usize, RegistryError> {

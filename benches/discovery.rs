@@ -45,7 +45,7 @@ async fn populate(dir: &Path, agents: usize) -> Registry {
     .expect("store opens");
     let cards: Vec<AgentCard> = (0..agents).map(card).collect();
     for chunk in cards.chunks(1000) {
-        registry.bulk_register_local(chunk.to_vec(), Liveness::Node, now_ms()).await.expect("bulk insert");
+        registry.register_local_many(chunk.to_vec(), Liveness::Node, now_ms()).await.expect("bulk insert");
     }
     registry
 }

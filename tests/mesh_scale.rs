@@ -46,7 +46,8 @@ async fn joiners_hold_every_agent_of_a_big_publisher_active_and_nobody_is_banned
     let dirs: Vec<_> = (0..=JOINERS).map(|_| tempfile::tempdir().unwrap()).collect();
     let gateway = TestNode::start(scale_config(dirs[0].path(), vec![])).await;
     let cards = (0..AGENTS).map(card).collect();
-    let registered = gateway.node.registry().bulk_register_local(cards, Liveness::Node, 1).await.unwrap();
+    let registered =
+        gateway.node.registry().register_local_many(cards, Liveness::Node, 1).await.unwrap().len();
     assert_eq!(registered, AGENTS);
     let addr = dial_addr(&gateway).await;
     let mut joiners = Vec::new();
@@ -106,7 +107,7 @@ async fn a_registration_past_the_per_publisher_limit_is_refused_whole() {
         &serde_json::json!({"agent_id": "a0", "base_url": "http://127.0.0.1:8", "skills": [{"id": "s"}]}),
     )
     .await;
-    let bulk = node.node.registry().bulk_register_local(vec![card(1), card(2)], Liveness::Node, 5).await;
+    let bulk = node.node.registry().register_local_many(vec![card(1), card(2)], Liveness::Node, 5).await;
     assert!(bulk.is_err());
     let (_, view) = node.get("/api/v1/discovery/capabilities?limit=10").await;
     assert_eq!(view["total_agents"], 3, "{view}");

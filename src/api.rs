@@ -80,12 +80,7 @@ impl AppState {
     pub fn new(registry: Arc<Registry>, api_key: Option<String>) -> Self {
         let now = now_millis();
         // Ids start at the start time in microseconds, so they keep increasing across restarts.
-        let watch = Arc::new(crate::watch::Watch::new(
-            &registry.snapshot().entries,
-            now,
-            registry.thresholds(),
-            now * 1000,
-        ));
+        let watch = Arc::new(crate::watch::Watch::asleep(now * 1000));
         let metrics = Arc::new(metrics::Metrics::new(registry.clone(), Default::default()));
         Self {
             registry,

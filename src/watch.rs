@@ -7,12 +7,18 @@
 //! eviction and tombstones alike. The cost is O(view) per tick: well under a millisecond at 10,000
 //! agents.
 //!
+//! Nobody can be told of a change before anybody watches, so the comparing starts with the first
+//! subscriber ([`Watch::wake`]: a watch stream or a webhook) and goes on from then, for clients that
+//! resume. Until then the task does nothing and holds no view: a node catching up on 10,000 agents
+//! compared the whole view four times a second, for nobody.
+//!
 //! The last [`WATCH_BUFFER`] events are kept, so that a client that reconnects with `Last-Event-ID`
 //! resumes where it left off. Ids are integers that increase across restarts (they start at the start
 //! time in microseconds): an id this node cannot resume from (older than the buffer, or from before a
 //! restart) gets the client a `reset` and the current view instead.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -160,7 +166,11 @@ struct Inner {
     /// Id of the last event (the first event gets `first_id + 1`).
     last_id: u64,
     ring: VecDeque<Arc<Event>>,
+    /// What the last comparison saw; empty while nobody watches (`asleep`).
     view: View,
+    /// Nobody has watched yet: [`Watch::refresh`] does not compare, and the first one after
+    /// [`Watch::wake`] takes the view as it is, without events.
+    asleep: bool,
     /// The registry's `(generation, health_epoch)` when `view` was last compared, if by [`Watch::refresh`].
     tag: Option<(u64, u64)>,
     /// The earliest time a record of `view` changes health by age alone.
@@ -171,6 +181,8 @@ struct Inner {
 pub struct Watch {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Event>>,
+    /// Somebody subscribed (or will: a webhook): the view is compared from then on.
+    watched: AtomicBool,
 }
 
 /// What a new subscriber gets: where to start, and the live feed from there on.
@@ -189,13 +201,33 @@ pub enum Start {
 }
 
 impl Watch {
-    /// Starts from `entries` as they are, without events; ids start at `first_id`.
+    /// Starts from `entries` as they are, without events, watched; ids start at `first_id`.
     pub fn new(entries: &[Arc<Entry>], now: Millis, t: &Thresholds, first_id: u64) -> Self {
         let view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
         let (tx, _) = broadcast::channel(WATCH_CHANNEL);
         let due = next_due(&view, now, t);
-        let inner = Inner { last_id: first_id, ring: VecDeque::new(), view, tag: None, due };
-        Self { inner: Mutex::new(inner), tx }
+        let inner = Inner { last_id: first_id, ring: VecDeque::new(), view, asleep: false, tag: None, due };
+        Self { inner: Mutex::new(inner), tx, watched: AtomicBool::new(true) }
+    }
+
+    /// Starts asleep: nothing is compared until [`wake`](Self::wake); ids start at `first_id`.
+    pub fn asleep(first_id: u64) -> Self {
+        let (tx, _) = broadcast::channel(WATCH_CHANNEL);
+        let inner = Inner {
+            last_id: first_id,
+            ring: VecDeque::new(),
+            view: Vec::new(),
+            asleep: true,
+            tag: None,
+            due: None,
+        };
+        Self { inner: Mutex::new(inner), tx, watched: AtomicBool::new(false) }
+    }
+
+    /// Somebody watches: from the next [`refresh`](Self::refresh) on, the view is compared and every
+    /// change recorded. Call it before subscribing, and before the refresh a new stream starts from.
+    pub fn wake(&self) {
+        self.watched.store(true, Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -213,8 +245,20 @@ impl Watch {
     /// the last call: the same `tag` (the view's generation and the registry's health epoch, which every
     /// heartbeat that changes a health bumps) and no record due to change health by age yet. An idle
     /// mesh of 10,000 agents is then compared every few seconds instead of four times a second.
+    ///
+    /// Asleep ([`Watch::asleep`]), it compares nothing; the first call after [`Watch::wake`] takes the
+    /// view as it is, without events.
     pub fn refresh(&self, entries: &[Arc<Entry>], tag: (u64, u64), now: Millis, t: &Thresholds) -> usize {
         let mut inner = self.lock();
+        if inner.asleep {
+            if self.watched.load(Ordering::Acquire) {
+                inner.view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
+                inner.due = next_due(&inner.view, now, t);
+                inner.tag = Some(tag);
+                inner.asleep = false;
+            }
+            return 0;
+        }
         if inner.tag == Some(tag) && inner.due.is_none_or(|due| now < due) {
             return 0;
         }
@@ -253,8 +297,11 @@ impl Watch {
         count
     }
 
-    /// Subscribes, resuming after `last_event_id` when the buffer still holds what followed it.
+    /// Subscribes, resuming after `last_event_id` when the buffer still holds what followed it. Wakes
+    /// the watch; a watch still asleep (no [`refresh`](Self::refresh) since [`wake`](Self::wake)) starts
+    /// the subscriber from an empty view.
     pub fn subscribe(&self, last_event_id: Option<u64>) -> Subscription {
+        self.wake();
         let inner = self.lock();
         let live = self.tx.subscribe();
         let head = inner.last_id;

@@ -39,7 +39,9 @@ pub async fn events(
     let permit = app.watchers.clone().try_acquire_owned().map_err(|_| {
         ApiError::Unavailable(format!("at most {} watch streams at once", crate::defaults::MAX_WATCHERS))
     })?;
-    // Bring the log up to the current view first, so that a new stream starts from it.
+    // Bring the log up to the current view first, so that a new stream starts from it (the first
+    // stream wakes the watch, which then takes the view as it is).
+    app.watch.wake();
     let snapshot = app.registry.snapshot();
     let tag = (snapshot.generation, app.registry.health_epoch());
     app.watch.refresh(&snapshot.entries, tag, now_millis(), app.registry.thresholds());

@@ -127,3 +127,23 @@ fn refresh_compares_when_the_tag_moves_or_a_health_is_due() {
     assert_eq!(watch.refresh(std::slice::from_ref(&b), (1, 0), degraded_at - 1, &t), 0);
     assert_eq!(watch.refresh(std::slice::from_ref(&b), (1, 0), degraded_at, &t), 1, "degraded by age");
 }
+
+/// Asleep, the watch compares nothing and holds nothing; woken, it takes the view as it is without
+/// events, then reports changes as before.
+#[test]
+fn an_asleep_watch_holds_no_view_and_starts_from_the_view_when_woken() {
+    let t = Thresholds::default();
+    let p = PeerId::random();
+    let (a, b) = (entry("a", p, 1), entry("b", p, 1));
+    let watch = Watch::asleep(1_000);
+    assert_eq!(watch.refresh(std::slice::from_ref(&a), (1, 0), 1_000, &t), 0);
+    assert_eq!(Arc::strong_count(&a), 1, "an asleep watch keeps no entry alive");
+
+    watch.wake();
+    assert_eq!(watch.refresh(std::slice::from_ref(&a), (2, 0), 1_100, &t), 0, "what came before is the view");
+    assert_eq!(watch.refresh(&[a.clone(), b.clone()], (3, 0), 1_200, &t), 1, "b added");
+    let sub = watch.subscribe(None);
+    assert!(matches!(sub.start, Start::View { ref view, reset: false } if view.len() == 2));
+    assert_eq!(sub.head, 1_001);
+    assert!(matches!(watch.subscribe(Some(1_000)).start, Start::Resume(ref e) if e.len() == 1));
+}

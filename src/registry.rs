@@ -1025,7 +1025,8 @@ impl Registry {
     ) -> Result<Vec<(usize, Applied)>, RegistryError> {
         let origin = Origin::Local(liveness);
         let mut outcome = Vec::with_capacity(batch.len());
-        let mut staged = Vec::new();
+        // The cards that change, by their place in the call, their store rows and their entries.
+        let (mut places, mut rows, mut staged) = (Vec::new(), Vec::new(), Vec::new());
         let mut keys = Vec::with_capacity(batch.len());
         for (at, card) in batch {
             let card = card.signed(&self.signer);
@@ -1040,16 +1041,19 @@ impl Registry {
             let seq = next_local_seq(held.map(|e| e.seq), now);
             let sig = self.sign(&card, &text, seq);
             match self.prepare_upsert(map, self.me, seq, &card, text, origin, sig, now) {
-                Ok((row, prepared)) => staged.push((at, row, prepared)),
+                Ok((row, prepared)) => {
+                    places.push(at);
+                    rows.push(row);
+                    staged.push(prepared);
+                }
                 Err(done) => outcome.push((at, done)),
             }
         }
-        self.admit_local(staged.iter().filter(|(_, _, p)| p.created).count())?;
-        if !staged.is_empty() {
-            let rows: Vec<Row> = staged.iter().map(|(_, row, _)| row.clone()).collect();
+        self.admit_local(staged.iter().filter(|p| p.created).count())?;
+        if !rows.is_empty() {
             let changes: Vec<witness::Change> = staged
                 .iter()
-                .map(|(_, _, p)| witness::Change {
+                .map(|p| witness::Change {
                     agent_id: p.entry.key.agent_id.clone(),
                     before: p.before,
                     after: Some(p.entry.seq),
@@ -1057,7 +1061,7 @@ impl Registry {
                 .collect();
             self.write_local(&changes, self.store.put_many(&rows)).await?;
         }
-        for (at, _, Prepared { entry, created, .. }) in staged {
+        for (at, Prepared { entry, created, .. }) in places.into_iter().zip(staged) {
             let seq = entry.seq;
             let _ = self.changes.send(LocalChange::Card { agent_id: entry.key.agent_id.clone() });
             map.insert(Arc::new(entry));

@@ -618,38 +618,19 @@ impl Registry {
     }
 
     /// Registers (or re-registers) a local agent under this node's key. Durable when it returns.
+    /// Re-registering the same card (an agent restarting, card files at every start) writes nothing, so
+    /// it neither wears the disk nor sends a new version around the mesh.
     pub async fn register_local(
         &self,
         card: AgentCard,
         liveness: Liveness,
         now: Millis,
     ) -> Result<Applied, RegistryError> {
-        let card = card.signed(&self.signer);
         let mut map = self.writer.lock().await;
-        let key = RecordKey { agent_id: card.agent_id.clone(), publisher: self.me };
-        let origin = Origin::Local(liveness);
-        let held = map.get(&key);
-        let text = String::from_utf8(card.to_json()).unwrap_or_default();
-        // Re-registering the same card (an agent restarting, card files at every start) writes nothing,
-        // so it neither wears the disk nor sends a new version around the mesh.
-        let applied = match held {
-            Some(e) if e.origin == origin && *e.card.text() == *text => Applied::Unchanged { seq: e.seq },
-            _ => {
-                self.admit_local(usize::from(held.is_none()))?;
-                let seq = next_local_seq(held.map(|e| e.seq), now);
-                let sig = self.sign(&card, &text, seq);
-                let update = Update::Upsert { publisher: self.me, seq, card, text, origin, sig };
-                let applied = self.apply_locked(&mut map, update, now).await?;
-                self.publish(&mut map);
-                let _ = self.changes.send(LocalChange::Card { agent_id: key.agent_id.clone() });
-                applied
-            }
-        };
-        if liveness == Liveness::Agent {
-            // Registering is the agent's first sign of life.
-            if let Some(entry) = map.get(&key) {
-                entry.live.beat(now, Reported::Ready);
-            }
+        let mut outcome = self.register_local_batch(&mut map, vec![(0, card)], liveness, now).await?;
+        let (_, applied) = outcome.pop().expect("one outcome for one card");
+        if applied.changed_view() {
+            self.publish(&mut map);
         }
         Ok(applied)
     }
@@ -1004,7 +985,7 @@ impl Registry {
                 }
             };
             for (at, applied) in applied {
-                changed |= !matches!(applied, Applied::Unchanged { .. } | Applied::Stale { .. });
+                changed |= applied.changed_view();
                 outcome.insert(at, applied);
             }
         }
@@ -1294,6 +1275,12 @@ fn entry_from_row(row: Row, sealed: bool, names: &PublisherNames, signer: &Keypa
 mod tests {
     use super::*;
 
+    /// A minimal card of `id` at `version`: two versions differ in their text only.
+    fn versioned(id: &str, version: &str) -> AgentCard {
+        let json = format!(r#"{{"agent_id":"{id}","base_url":"http://h","version":"{version}"}}"#);
+        AgentCard::from_json(json.as_bytes()).unwrap()
+    }
+
     #[test]
     fn highest_seq_wins() {
         assert!(accepts(None, 1));
@@ -1316,16 +1303,12 @@ mod tests {
     async fn local_cards_registered_together_write_only_what_changed() {
         let dir = tempfile::tempdir().unwrap();
         let key = Keypair::generate_ed25519();
-        let card = |id: &str, version: &str| {
-            let json = format!(r#"{{"agent_id":"{id}","base_url":"http://h","version":"{version}"}}"#);
-            AgentCard::from_json(json.as_bytes()).unwrap()
-        };
         let limits = Limits { per_publisher: 4, remote_records: 100 };
         {
             let (r, _) =
                 Registry::open_checked(dir.path(), key.clone(), Thresholds::default(), limits, false)
                     .unwrap();
-            let first = vec![card("a", "1"), card("b", "1"), card("c", "1")];
+            let first = vec![versioned("a", "1"), versioned("b", "1"), versioned("c", "1")];
             let applied = r.register_local_many(first.clone(), Liveness::Node, 1_000).await.unwrap();
             assert_eq!(applied, vec![Applied::Created { seq: 1_000 }; 3]);
             let written = r.rows_written();
@@ -1340,7 +1323,8 @@ mod tests {
             assert_eq!(r.snapshot().generation, generation, "no new view for nothing");
 
             // b changed, and d named twice: the later d is the one held, both report it.
-            let next = vec![card("a", "1"), card("b", "2"), card("d", "1"), card("d", "2")];
+            let next =
+                vec![versioned("a", "1"), versioned("b", "2"), versioned("d", "1"), versioned("d", "2")];
             let applied = r.register_local_many(next, Liveness::Node, 3_000).await.unwrap();
             assert_eq!(
                 applied,
@@ -1358,14 +1342,16 @@ mod tests {
             assert!(d.card.text().contains(r#""version":"2""#), "{}", &*d.card.text());
 
             // An agent registering itself (not vouched for by the node): its registration is its first beat.
-            let applied = r.register_local_many(vec![card("c", "1")], Liveness::Agent, 3_500).await.unwrap();
+            let applied =
+                r.register_local_many(vec![versioned("c", "1")], Liveness::Agent, 3_500).await.unwrap();
             assert_eq!(applied, vec![Applied::Updated { seq: 3_500 }]);
             let c = r.snapshot().get("c", &r.local_peer_id()).unwrap().clone();
             assert_eq!(c.last_heartbeat(9_000), Some(3_500));
 
             // Two new agents past the limit of four: neither is registered.
-            let over =
-                r.register_local_many(vec![card("e", "1"), card("a", "2")], Liveness::Node, 4_000).await;
+            let over = r
+                .register_local_many(vec![versioned("e", "1"), versioned("a", "2")], Liveness::Node, 4_000)
+                .await;
             assert!(matches!(over, Err(RegistryError::LocalLimit { held: 4, limit: 4 })), "{over:?}");
             let snapshot = r.snapshot();
             assert!(snapshot.get("e", &r.local_peer_id()).is_none());
@@ -1377,23 +1363,23 @@ mod tests {
         assert_eq!(r.snapshot().get("b", &r.local_peer_id()).unwrap().seq, 3_000);
     }
 
-    /// The witness of a bulk load follows each row from the seq before it, the batch's own included.
+    /// The witness of a batch of local cards follows each row from the seq before it, when the batch
+    /// names an agent twice too.
     #[tokio::test]
     async fn a_bulk_load_with_repeated_ids_reopens_cleanly() {
         let dir = tempfile::tempdir().unwrap();
         let key = Keypair::generate_ed25519();
-        let card = |id: &str, version: &str| {
-            let json = format!(r#"{{"agent_id":"{id}","base_url":"http://h","version":"{version}"}}"#);
-            AgentCard::from_json(json.as_bytes()).unwrap()
-        };
         {
             let (r, _) = Registry::open(dir.path(), key.clone(), Thresholds::default()).unwrap();
-            r.register_local(card("a", "1"), Liveness::Node, 1_000).await.unwrap();
-            let batch = vec![card("a", "2"), card("b", "1"), card("a", "3")];
+            r.register_local(versioned("a", "1"), Liveness::Node, 1_000).await.unwrap();
+            let batch = vec![versioned("a", "2"), versioned("b", "1"), versioned("a", "3")];
             r.register_local_many(batch, Liveness::Node, 2_000).await.unwrap();
         }
-        let (_, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!(report.local, 2);
+        let a = r.snapshot().get("a", &r.local_peer_id()).unwrap().clone();
+        assert_eq!(a.seq, 2_000);
+        assert!(a.card.text().contains(r#""version":"3""#), "{}", &*a.card.text());
     }
 
     /// A restart takes sealed rows without verifying them again; a row changed on disk under its seal

@@ -237,10 +237,7 @@ impl Node {
         }
         if !config.webhooks.is_empty() {
             // Webhooks are told of every change from now on: the watch takes the view as it is now.
-            state.watch.wake();
-            let snapshot = registry.snapshot();
-            let tag = (snapshot.generation, registry.health_epoch());
-            state.watch.refresh(&snapshot.entries, tag, now_millis(), registry.thresholds());
+            state.watch.wake_on(&registry);
         }
         tasks.spawn_loop("watcher", crate::watch::run(registry.clone(), state.watch.clone(), tasks.token()));
         for spec in &config.webhooks {

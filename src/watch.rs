@@ -18,7 +18,6 @@
 //! restart) gets the client a `reset` and the current view instead.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -168,8 +167,7 @@ struct Inner {
     ring: VecDeque<Arc<Event>>,
     /// What the last comparison saw; empty while nobody watches (`asleep`).
     view: View,
-    /// Nobody has watched yet: [`Watch::refresh`] does not compare, and the first one after
-    /// [`Watch::wake`] takes the view as it is, without events.
+    /// Nobody has watched yet: [`Watch::refresh`] does not compare until [`Watch::wake`].
     asleep: bool,
     /// The registry's `(generation, health_epoch)` when `view` was last compared, if by [`Watch::refresh`].
     tag: Option<(u64, u64)>,
@@ -181,8 +179,6 @@ struct Inner {
 pub struct Watch {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Event>>,
-    /// Somebody subscribed (or will: a webhook): the view is compared from then on.
-    watched: AtomicBool,
 }
 
 /// What a new subscriber gets: where to start, and the live feed from there on.
@@ -201,13 +197,13 @@ pub enum Start {
 }
 
 impl Watch {
-    /// Starts from `entries` as they are, without events, watched; ids start at `first_id`.
+    /// Starts from `entries` as they are, without events, awake; ids start at `first_id`.
     pub fn new(entries: &[Arc<Entry>], now: Millis, t: &Thresholds, first_id: u64) -> Self {
         let view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
         let (tx, _) = broadcast::channel(WATCH_CHANNEL);
         let due = next_due(&view, now, t);
         let inner = Inner { last_id: first_id, ring: VecDeque::new(), view, asleep: false, tag: None, due };
-        Self { inner: Mutex::new(inner), tx, watched: AtomicBool::new(true) }
+        Self { inner: Mutex::new(inner), tx }
     }
 
     /// Starts asleep: nothing is compared until [`wake`](Self::wake); ids start at `first_id`.
@@ -221,13 +217,31 @@ impl Watch {
             tag: None,
             due: None,
         };
-        Self { inner: Mutex::new(inner), tx, watched: AtomicBool::new(false) }
+        Self { inner: Mutex::new(inner), tx }
     }
 
-    /// Somebody watches: from the next [`refresh`](Self::refresh) on, the view is compared and every
-    /// change recorded. Call it before subscribing, and before the refresh a new stream starts from.
-    pub fn wake(&self) {
-        self.watched.store(true, Ordering::Release);
+    /// Somebody watches (a new stream, a webhook): brings the watch up to `entries`, taking them as
+    /// they are, without events, if it slept, comparing them as [`refresh`](Self::refresh) does if not.
+    /// From then on every change is recorded. Call it before subscribing.
+    pub fn wake(&self, entries: &[Arc<Entry>], tag: (u64, u64), now: Millis, t: &Thresholds) -> usize {
+        {
+            let mut inner = self.lock();
+            if inner.asleep {
+                inner.view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
+                inner.due = next_due(&inner.view, now, t);
+                inner.tag = Some(tag);
+                inner.asleep = false;
+                return 0;
+            }
+        }
+        self.refresh(entries, tag, now, t)
+    }
+
+    /// [`wake`](Self::wake) with the registry's view as it is now.
+    pub fn wake_on(&self, registry: &Registry) -> usize {
+        let snapshot = registry.snapshot();
+        let tag = (snapshot.generation, registry.health_epoch());
+        self.wake(&snapshot.entries, tag, crate::clock::now_millis(), registry.thresholds())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -246,17 +260,10 @@ impl Watch {
     /// heartbeat that changes a health bumps) and no record due to change health by age yet. An idle
     /// mesh of 10,000 agents is then compared every few seconds instead of four times a second.
     ///
-    /// Asleep ([`Watch::asleep`]), it compares nothing; the first call after [`Watch::wake`] takes the
-    /// view as it is, without events.
+    /// Asleep ([`Watch::asleep`], until [`Watch::wake`]), it compares nothing.
     pub fn refresh(&self, entries: &[Arc<Entry>], tag: (u64, u64), now: Millis, t: &Thresholds) -> usize {
         let mut inner = self.lock();
         if inner.asleep {
-            if self.watched.load(Ordering::Acquire) {
-                inner.view = entries.iter().map(|e| (e.clone(), e.health(now, t))).collect();
-                inner.due = next_due(&inner.view, now, t);
-                inner.tag = Some(tag);
-                inner.asleep = false;
-            }
             return 0;
         }
         if inner.tag == Some(tag) && inner.due.is_none_or(|due| now < due) {
@@ -297,11 +304,9 @@ impl Watch {
         count
     }
 
-    /// Subscribes, resuming after `last_event_id` when the buffer still holds what followed it. Wakes
-    /// the watch; a watch still asleep (no [`refresh`](Self::refresh) since [`wake`](Self::wake)) starts
-    /// the subscriber from an empty view.
+    /// Subscribes, resuming after `last_event_id` when the buffer still holds what followed it. A
+    /// watch still asleep (never [`wake`](Self::wake)d) starts the subscriber from an empty view.
     pub fn subscribe(&self, last_event_id: Option<u64>) -> Subscription {
-        self.wake();
         let inner = self.lock();
         let live = self.tx.subscribe();
         let head = inner.last_id;

@@ -41,10 +41,7 @@ pub async fn events(
     })?;
     // Bring the log up to the current view first, so that a new stream starts from it (the first
     // stream wakes the watch, which then takes the view as it is).
-    app.watch.wake();
-    let snapshot = app.registry.snapshot();
-    let tag = (snapshot.generation, app.registry.health_epoch());
-    app.watch.refresh(&snapshot.entries, tag, now_millis(), app.registry.thresholds());
+    app.watch.wake_on(&app.registry);
     let sub = app.watch.subscribe(last);
     let filter = Filter::new(query, *app.registry.thresholds());
     let first: Vec<SseEvent> = match sub.start {

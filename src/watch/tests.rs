@@ -139,8 +139,7 @@ fn an_asleep_watch_holds_no_view_and_starts_from_the_view_when_woken() {
     assert_eq!(watch.refresh(std::slice::from_ref(&a), (1, 0), 1_000, &t), 0);
     assert_eq!(Arc::strong_count(&a), 1, "an asleep watch keeps no entry alive");
 
-    watch.wake();
-    assert_eq!(watch.refresh(std::slice::from_ref(&a), (2, 0), 1_100, &t), 0, "what came before is the view");
+    assert_eq!(watch.wake(std::slice::from_ref(&a), (2, 0), 1_100, &t), 0, "what came before is the view");
     assert_eq!(watch.refresh(&[a.clone(), b.clone()], (3, 0), 1_200, &t), 1, "b added");
     let sub = watch.subscribe(None);
     assert!(matches!(sub.start, Start::View { ref view, reset: false } if view.len() == 2));

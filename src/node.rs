@@ -19,7 +19,7 @@ use crate::defaults::{STORE_DIR, STORE_REOPEN_CHECK, STORE_REOPEN_ROWS, STORE_RE
 use crate::identity::{Identity, IdentityError};
 use crate::manifest::reload::Reloader;
 use crate::net::{self, NetConfig, NetError, NetHandle};
-use crate::registry::{Liveness, Registry, RegistryError};
+use crate::registry::{Liveness, Registry, RegistryError, LOCAL_BATCH};
 use crate::search::context::Counter;
 use crate::search::semantic::Semantic;
 use crate::tasks::{TaskError, Tasks, Ticks};
@@ -146,38 +146,7 @@ impl Node {
             tracing::info!(fingerprint = %psk.fingerprint(), "closed mesh: network key");
         }
 
-        // Card files are registered together: one witness write and one store flush for all of them
-        // (per batch), where one at a time cost a few milliseconds of fsyncs each.
-        let mut files = Vec::new();
-        let mut cards = Vec::new();
-        for path in card_files(&config.cards).await? {
-            let bytes = tokio::fs::read(&path)
-                .await
-                .map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
-            let invalid = |source| NodeError::CardInvalid { path: path.clone(), source };
-            let text = std::str::from_utf8(&bytes)
-                .map_err(|e| invalid(CardError::Malformed { field: ".".into(), reason: e.to_string() }))?;
-            let text =
-                crate::card::expand_placeholders(text, |name| std::env::var(name).ok()).map_err(invalid)?;
-            cards.push(AgentCard::from_json_any(text.as_bytes()).map_err(invalid)?);
-            files.push(path);
-        }
-        let mut first_file: HashMap<&str, &PathBuf> = HashMap::new();
-        for (path, card) in files.iter().zip(&cards) {
-            if let Some(earlier) = first_file.insert(&card.agent_id, path) {
-                tracing::warn!(
-                    path = %path.display(),
-                    earlier = %earlier.display(),
-                    agent_id = %card.agent_id,
-                    "two card files name the same agent: the later one is registered"
-                );
-            }
-        }
-        let agent_ids: Vec<String> = cards.iter().map(|c| c.agent_id.clone()).collect();
-        let outcomes = registry.register_local_many(cards, Liveness::Node, now_millis()).await?;
-        for ((path, agent_id), applied) in files.iter().zip(&agent_ids).zip(&outcomes) {
-            tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
-        }
+        register_card_files(&registry, &config.cards).await?;
 
         let net_config = NetConfig {
             listen: config.listen.clone(),
@@ -374,6 +343,46 @@ async fn reopen_store(registry: Arc<Registry>, cancel: CancellationToken) {
 /// before: enough of them, and writing has paused (or has gone on long enough).
 fn store_reopen_due(written: usize, before: usize) -> bool {
     written >= STORE_REOPEN_ROWS && (written == before || written >= STORE_REOPEN_ROWS_BUSY)
+}
+
+/// Registers the card files `paths` name, [`LOCAL_BATCH`] at a time: one witness write and one store
+/// flush per batch, where one at a time cost a few milliseconds of fsyncs each, and never more than a
+/// batch of parsed cards held at once. Two files naming the same agent: the later one is registered.
+async fn register_card_files(registry: &Registry, paths: &[PathBuf]) -> Result<(), NodeError> {
+    let files = card_files(paths).await?;
+    let mut first_file: HashMap<String, &PathBuf> = HashMap::new();
+    for chunk in files.chunks(LOCAL_BATCH) {
+        let mut cards = Vec::with_capacity(chunk.len());
+        for path in chunk {
+            let card = read_card_file(path).await?;
+            if let Some(earlier) = first_file.insert(card.agent_id.clone(), path) {
+                tracing::warn!(
+                    path = %path.display(),
+                    earlier = %earlier.display(),
+                    agent_id = %card.agent_id,
+                    "two card files name the same agent: the later one is registered"
+                );
+            }
+            cards.push(card);
+        }
+        let agent_ids: Vec<String> = cards.iter().map(|c| c.agent_id.clone()).collect();
+        let outcomes = registry.register_local_many(cards, Liveness::Node, now_millis()).await?;
+        for ((path, agent_id), applied) in chunk.iter().zip(&agent_ids).zip(&outcomes) {
+            tracing::info!(path = %path.display(), %agent_id, ?applied, "card file registered");
+        }
+    }
+    Ok(())
+}
+
+/// One card file, its `${VAR}` placeholders filled from the environment.
+async fn read_card_file(path: &PathBuf) -> Result<AgentCard, NodeError> {
+    let bytes =
+        tokio::fs::read(path).await.map_err(|source| NodeError::CardRead { path: path.clone(), source })?;
+    let invalid = |source| NodeError::CardInvalid { path: path.clone(), source };
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| invalid(CardError::Malformed { field: ".".into(), reason: e.to_string() }))?;
+    let text = crate::card::expand_placeholders(text, |name| std::env::var(name).ok()).map_err(invalid)?;
+    AgentCard::from_json_any(text.as_bytes()).map_err(invalid)
 }
 
 /// The card files to register at start: each path as given, or for a directory every `*.json` file

@@ -37,7 +37,7 @@ pub use remote::{HeartbeatOutcome, Limits};
 pub const CHANGE_CHANNEL: usize = 1024;
 /// Local cards written with one witness write and one store flush by
 /// [`Registry::register_local_many`].
-pub const LOCAL_BATCH: usize = 1024;
+pub const LOCAL_BATCH: usize = 256;
 
 /// Remote rows of one [`Registry::apply_many`] written as one store batch at most: one sled call and
 /// one pass of its locks for the lot, instead of one per row.
@@ -1361,6 +1361,32 @@ mod tests {
         let (r, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
         assert_eq!(report.local, 4);
         assert_eq!(r.snapshot().get("b", &r.local_peer_id()).unwrap().seq, 3_000);
+    }
+
+    /// Past `LOCAL_BATCH` cards the store is written batch by batch: a batch refused by the limit leaves
+    /// the batches before it registered, in the view and in the store.
+    #[tokio::test]
+    async fn local_cards_past_one_batch_are_written_batch_by_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate_ed25519();
+        let limit = LOCAL_BATCH + 10;
+        let limits = Limits { per_publisher: limit, remote_records: 100 };
+        let cards: Vec<AgentCard> =
+            (0..LOCAL_BATCH + 20).map(|i| versioned(&format!("a{i:04}"), "1")).collect();
+        {
+            let (r, _) =
+                Registry::open_checked(dir.path(), key.clone(), Thresholds::default(), limits, false)
+                    .unwrap();
+            let over = r.register_local_many(cards, Liveness::Node, 1_000).await;
+            assert!(
+                matches!(over, Err(RegistryError::LocalLimit { held, .. }) if held == LOCAL_BATCH),
+                "{over:?}"
+            );
+            assert_eq!(r.snapshot().entries.len(), LOCAL_BATCH, "the first batch is in the view");
+            assert_eq!(r.rows_written(), LOCAL_BATCH);
+        }
+        let (_, report) = Registry::open(dir.path(), key, Thresholds::default()).unwrap();
+        assert_eq!(report.local, LOCAL_BATCH);
     }
 
     /// The witness of a batch of local cards follows each row from the seq before it, when the batch

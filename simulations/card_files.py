@@ -7,7 +7,7 @@ Writes `--agents` card files (the cards of `mesh_bench.py`, one file each) and s
 fresh data directory with them, then again on the same directory (every card unchanged), then once more
 without them (a lone node on its store). For each start it prints the seconds from the process's start
 until it logged "node started" (its HTTP port is bound then) and the process's CPU seconds at that
-moment; for the last, its heap's live bytes and resident memory 5 s later, in MiB (the figures a mesh
+moment; its resident memory 5 s later, and for the last its heap's live bytes too, in MiB (the figures a mesh
 member's are compared with in `mesh_memory.py`).
 """
 
@@ -46,8 +46,11 @@ def main():
                             ("second start, the same card files", ["--card", cards])]:
             daemon, ready, cpu = start(args.bin, data, extra)
             held = daemon.get("/api/v1/agents?limit=0")["total"]
+            time.sleep(5)
+            resident = rss_mb(daemon.proc.pid)
             daemon.stop()
-            print(f"{what}: ready after {ready:.2f} s, CPU {cpu:.2f} s, {held} agents")
+            print(f"{what}: ready after {ready:.2f} s, CPU {cpu:.2f} s, {held} agents; 5 s later resident "
+                  f"{resident:.1f} MiB")
         daemon, ready, cpu = start(args.bin, data, [])
         time.sleep(5)
         live, resident = daemon.heap_live_mb(), rss_mb(daemon.proc.pid)

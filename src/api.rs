@@ -241,7 +241,7 @@ async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
         "peer_id": app.registry.local_peer_id().to_base58(),
         "version": env!("CARGO_PKG_VERSION"),
         "agents": snapshot.entries.len(),
-        "local_agents": snapshot.entries.iter().filter(|e| e.is_local()).count(),
+        "local_agents": snapshot.of_publisher(&app.registry.local_peer_id()).filter(|e| e.is_local()).count(),
         "uptime_seconds": app.started.elapsed().as_secs(),
     }))
 }

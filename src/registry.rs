@@ -168,6 +168,17 @@ impl Default for Live {
 }
 
 impl Live {
+    /// A beat of a remote record (whose health follows its heartbeats alone, as
+    /// [`Entry::beat_changes_health`] says); true when that changed its derived health or lifecycle.
+    fn remote_beat_changes_health(&self, now: Millis, reported: Reported, thresholds: &Thresholds) -> bool {
+        let state =
+            |live: &Live| (thresholds.health(now, live.last(), live.reported()), live.last_reported());
+        let (health, said) = state(self);
+        self.beat(now, reported);
+        let (after, now_said) = state(self);
+        after != health || now_said.lifecycle() != said.lifecycle()
+    }
+
     fn beat(&self, now: Millis, reported: Reported) {
         // A beat never moves the time back (a fetched list is applied at an earlier arrival time).
         self.last_heartbeat.fetch_max(now.max(1), Ordering::AcqRel);
@@ -365,6 +376,12 @@ impl Snapshot {
         Some(&self.entries[at])
     }
 
+    /// Every entry `publisher` published, in agent id order, as the view shares them: the same `Arc` in
+    /// every snapshot until one of them changes.
+    pub fn publisher_records(&self, publisher: &PeerId) -> Option<&Arc<[Arc<Entry>]>> {
+        self.by_publisher.get(publisher)
+    }
+
     /// Every entry `publisher` published, in agent id order.
     pub fn of_publisher(&self, publisher: &PeerId) -> impl Iterator<Item = &Arc<Entry>> + '_ {
         self.by_publisher.get(publisher).into_iter().flat_map(|list| list.iter())
@@ -458,6 +475,8 @@ pub struct Registry {
     names: PublisherNames,
     changes: broadcast::Sender<LocalChange>,
     remote: remote::RemoteState,
+    /// The last walk of each publisher's agent list along its records ([`remote`]).
+    walks: remote::Walks,
     /// The witness of the local records, written before each durable local change.
     witness: std::sync::Mutex<witness::Witness>,
     /// The error of the last local write, if it failed (a full disk, say); cleared by the next one that
@@ -556,6 +575,7 @@ impl Registry {
             names,
             changes: broadcast::channel(CHANGE_CHANNEL).0,
             remote,
+            walks: remote::Walks::default(),
             witness,
             store_error: std::sync::Mutex::new(None),
             rewrite: std::sync::Mutex::new(rewrite),

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use libp2p::identity::PeerId;
 
 use super::health::{Health, Millis, Reported};
-use super::{Entry, Origin, RecordKey, Registry, RegistryError};
-use crate::defaults::{MAX_HEARTBEATS_ANSWER, MAX_HEARTBEATS_ANSWER_BYTES};
+use super::{Entry, Live, Origin, RecordKey, Registry, RegistryError};
+use crate::defaults::{MAX_HEARTBEATS_ANSWER, MAX_HEARTBEATS_ANSWER_BYTES, MAX_TRACKED_PUBLISHERS};
 use crate::proto::records::{self, CarriedList, Records};
 use crate::wire::{HeartbeatAgent, HeartbeatBody};
 
@@ -27,6 +27,59 @@ impl RemoteState {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Records> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The last walk of each publisher's agent list along its records in the view (see
+/// [`Registry::remote_heartbeat`]), kept while neither changes: a publisher at rest sends the same
+/// list (by digest) every beat, and its records change seldom, so a beat then touches the liveness of
+/// the records the list named last time, instead of finding each record by its agent id. At most [`MAX_TRACKED_PUBLISHERS`] walks are kept; a walk that found agents missing is
+/// not kept (their cards are fetched, and the publisher's records change).
+#[derive(Default)]
+pub(super) struct Walks(Mutex<HashMap<PeerId, Walk>>);
+
+/// One walk: the list and the publisher's records it was made with (weak: a walk keeps neither alive,
+/// and a dead one's allocation is never reused while held, so identity by address is sound), and what
+/// it found.
+struct Walk {
+    list: Weak<Vec<HeartbeatAgent>>,
+    records: Weak<[Arc<Entry>]>,
+    refresh: Listed,
+}
+
+/// The liveness of each remote record a walk found named by the list, with the state the list gives
+/// it: a beat by the walk touches these alone, not the entries around them.
+type Listed = Arc<[(Arc<Live>, Reported)]>;
+
+impl Walks {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PeerId, Walk>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The walk of `list` along `records`, if the last walk of `publisher` was made with both.
+    fn find(
+        &self,
+        publisher: &PeerId,
+        list: &Arc<Vec<HeartbeatAgent>>,
+        records: &Arc<[Arc<Entry>]>,
+    ) -> Option<Listed> {
+        let walks = self.lock();
+        let walk = walks.get(publisher)?;
+        let same = std::ptr::eq(walk.list.as_ptr(), Arc::as_ptr(list))
+            && std::ptr::eq(walk.records.as_ptr().cast::<()>(), Arc::as_ptr(records).cast::<()>());
+        same.then(|| walk.refresh.clone())
+    }
+
+    fn keep(&self, publisher: PeerId, walk: Walk) {
+        let mut walks = self.lock();
+        if walks.len() >= MAX_TRACKED_PUBLISHERS && !walks.contains_key(&publisher) {
+            walks.clear();
+        }
+        walks.insert(publisher, walk);
+    }
+
+    fn forget(&self, publisher: &PeerId) {
+        self.lock().remove(publisher);
     }
 }
 
@@ -135,10 +188,25 @@ impl Registry {
             return outcome;
         }
         let snapshot = self.snapshot();
+        let records = snapshot.publisher_records(&publisher);
+        // A list heard before, along the same records: the records it named last time beat.
+        if let (Some(list), Some(records)) = (&heard.list, records) {
+            if let Some(refresh) = self.walks.find(&publisher, list, records) {
+                let mut changed = false;
+                for (live, reported) in refresh.iter() {
+                    changed |= live.remote_beat_changes_health(heard.at, *reported, &self.thresholds);
+                }
+                outcome.refreshed = refresh.len();
+                if changed {
+                    self.health_epoch.fetch_add(1, Ordering::AcqRel);
+                }
+                return outcome;
+            }
+        }
         // The publisher's records held here, in agent id order. A publisher lists its agents in that
         // order too, so one walk along both finds them all; an agent listed out of order is looked up
         // by binary search instead (nothing relies on the order).
-        let held: Vec<&Arc<Entry>> = snapshot.of_publisher(&publisher).collect();
+        let held: &[Arc<Entry>] = records.map_or(&[], |r| &r[..]);
         // `next`: every record before it sorts before the agent last found by walking.
         let mut next = 0;
         let find = |agent_id: &str| {
@@ -151,33 +219,46 @@ impl Registry {
                 }
                 held.get(next).filter(|e| e.key.agent_id == agent_id).map(|_| next)
             };
-            found.map(|i| (held[i], held[i].seq))
+            found.map(|i| (i, held[i].seq))
         };
-        let list = heard.list.unwrap_or_else(|| {
+        let (list, kept) = match heard.list {
+            Some(list) => (list, true),
             // A list this node missed: the publisher is alive, so its agents held here stay fresh with
             // the states last heard until the fetched list arrives (a declaration of the publisher down,
             // which this newer heartbeat refutes, is not one of them).
-            Arc::new(
-                snapshot
-                    .of_publisher(&publisher)
-                    .map(|e| HeartbeatAgent {
-                        agent_id: e.key.agent_id.clone(),
-                        seq: e.seq,
-                        reported: e.last_reported(),
-                    })
-                    .collect(),
-            )
-        });
+            None => (
+                Arc::new(
+                    held.iter()
+                        .map(|e| HeartbeatAgent {
+                            agent_id: e.key.agent_id.clone(),
+                            seq: e.seq,
+                            reported: e.last_reported(),
+                        })
+                        .collect(),
+                ),
+                false,
+            ),
+        };
         let beats = records::beats(&list, find);
         let mut changed = false;
-        for (entry, reported) in &beats.refresh {
-            changed |= entry.beat_changes_health(heard.at, *reported, &self.thresholds);
+        for &(at, reported) in &beats.refresh {
+            changed |= held[at].beat_changes_health(heard.at, reported, &self.thresholds);
         }
         outcome.refreshed = beats.refresh.len();
-        outcome.missing = beats.missing;
         if changed {
             self.health_epoch.fetch_add(1, Ordering::AcqRel);
         }
+        let remote = beats.refresh.iter().all(|&(at, _)| held[at].origin == Origin::Remote);
+        match records {
+            Some(records) if kept && remote && beats.missing.is_empty() => {
+                let refresh =
+                    beats.refresh.iter().map(|&(at, reported)| (held[at].live.clone(), reported)).collect();
+                let walk = Walk { list: Arc::downgrade(&list), records: Arc::downgrade(records), refresh };
+                self.walks.keep(publisher, walk);
+            }
+            _ => self.walks.forget(&publisher),
+        }
+        outcome.missing = beats.missing;
         outcome
     }
 
@@ -240,9 +321,9 @@ impl Registry {
     /// this node sees it.
     pub fn local_agents(&self, now: Millis) -> Vec<HeartbeatAgent> {
         let snapshot = self.snapshot();
+        // This node's records, in agent id order, without walking the whole view.
         snapshot
-            .entries
-            .iter()
+            .of_publisher(&self.me)
             .filter(|e| e.is_local())
             .map(|e| HeartbeatAgent {
                 agent_id: e.key.agent_id.clone(),
@@ -535,6 +616,78 @@ mod tests {
                 let want = if entry.key.publisher == p { Health::Active } else { Health::Unknown };
                 assert_eq!(health, want, "{} of order {ids:?}", entry.key.agent_id);
             }
+        }
+    }
+
+    /// A beat of the list heard last time, along the same records, goes by the last walk; any change
+    /// of the publisher's records (a removal, a new version, a new agent) or of its list walks again.
+    #[tokio::test]
+    async fn a_repeated_list_beats_the_same_records_until_the_records_or_the_list_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let peer = Keypair::generate_ed25519();
+        let p = peer.public().to_peer_id();
+        let other = Keypair::generate_ed25519();
+        for id in ["a", "b", "c"] {
+            r.apply(signed(&peer, &card(id, "1"), 5), 0).await.unwrap();
+            r.apply(signed(&other, &card(id, "1"), 5), 0).await.unwrap();
+        }
+        let t = *r.thresholds();
+        let degraded = t.degraded_after.as_millis() as u64;
+        let listed = |agents: &[(&str, u64, Reported)]| -> Vec<HeartbeatAgent> {
+            agents
+                .iter()
+                .map(|&(id, seq, reported)| HeartbeatAgent { agent_id: id.into(), seq, reported })
+                .collect()
+        };
+        let beat = |sent_at: u64, agents: &[HeartbeatAgent], at: Millis| {
+            let body = HeartbeatBody { sent_at, digest: wire::agents_digest(agents), agents: None };
+            let out = r.remote_heartbeat(p, &body, b"m", at);
+            let mut missing: Vec<String> = out.missing.into_iter().map(|(id, _)| id).collect();
+            missing.sort_unstable();
+            (out.refreshed, missing)
+        };
+        let health =
+            |id: &str, at: Millis| r.snapshot().get(id, &p).map(|e| (e.health(at, &t), e.reported()));
+        let first = listed(&[("a", 5, Reported::Ready), ("b", 5, Reported::Busy), ("c", 5, Reported::Ready)]);
+        let body =
+            HeartbeatBody { sent_at: 1, digest: wire::agents_digest(&first), agents: Some(first.clone()) };
+        assert_eq!(r.remote_heartbeat(p, &body, b"m1", 1_000).refreshed, 3);
+        // The same list again, many beats apart: each one keeps all three alive in their states.
+        let mut at = 1_000;
+        for sent_at in 2..6 {
+            at += degraded - 1;
+            assert_eq!(beat(sent_at, &first, at), (3, vec![]));
+            assert_eq!(health("b", at + degraded - 1), Some((Health::Active, Reported::Busy)));
+            assert_eq!(health("c", at + degraded - 1), Some((Health::Active, Reported::Ready)));
+        }
+        // The other publisher's records were never beaten.
+        assert_eq!(
+            r.snapshot().get("a", &other.public().to_peer_id()).unwrap().health(at, &t),
+            Health::Unknown
+        );
+        // `b` removed: the same list finds it missing, and beats the other two.
+        let remove = Update::Remove { publisher: p, agent_id: "b".into(), seq: 6 };
+        r.apply(remove, 0).await.unwrap();
+        at += 1_000;
+        assert_eq!(beat(6, &first, at), (2, vec!["b".to_owned()]));
+        assert_eq!(health("c", at + degraded - 1), Some((Health::Active, Reported::Ready)));
+        // A new version of `a`, and a new agent `ab` that sorts between `a` and `c`: a new list walks
+        // the new records, and the same list again goes by that walk.
+        r.apply(signed(&peer, &card("a", "2"), 7), 0).await.unwrap();
+        r.apply(signed(&peer, &card("ab", "1"), 5), 0).await.unwrap();
+        let second =
+            listed(&[("a", 7, Reported::Ready), ("ab", 5, Reported::Draining), ("c", 5, Reported::Ready)]);
+        let body =
+            HeartbeatBody { sent_at: 7, digest: wire::agents_digest(&second), agents: Some(second.clone()) };
+        at += 1_000;
+        assert_eq!(r.remote_heartbeat(p, &body, b"m7", at).refreshed, 3);
+        for sent_at in 8..10 {
+            at += degraded - 1;
+            assert_eq!(beat(sent_at, &second, at), (3, vec![]));
+            assert_eq!(health("a", at + degraded - 1), Some((Health::Active, Reported::Ready)));
+            assert_eq!(health("ab", at + degraded - 1), Some((Health::Active, Reported::Draining)));
+            assert_eq!(health("c", at + degraded - 1), Some((Health::Active, Reported::Ready)));
         }
     }
 

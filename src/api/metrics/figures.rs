@@ -28,7 +28,7 @@ impl std::fmt::Debug for ViewFigures {
 impl Collector for ViewFigures {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.0.snapshot();
-        let local = snapshot.entries.iter().filter(|e| e.is_local()).count();
+        let local = snapshot.of_publisher(&self.0.local_peer_id()).filter(|e| e.is_local()).count();
         gauge(&mut encoder, "agents", "Agents in this node's view.", snapshot.entries.len())?;
         gauge(&mut encoder, "local_agents", "Agents this node publishes.", local)?;
         let counts = self.0.health_counts(now_millis());

@@ -23,6 +23,10 @@ pub const DEGRADED_AFTER: Duration = Duration::from_secs(7);
 pub const INACTIVE_AFTER: Duration = Duration::from_secs(20);
 /// Heartbeat age after which a remote agent leaves the view.
 pub const EVICT_AFTER: Duration = Duration::from_secs(600);
+/// The eviction sweep runs at most this far apart (and at least a heartbeat interval apart, and about
+/// twenty times per `evict_after`): a sweep reads every record of the view, and a record may leave it
+/// this much later than `evict_after`.
+pub const EVICT_SWEEP_MAX: Duration = Duration::from_secs(30);
 /// Path probed under a local agent's base_url when probes are on.
 pub const PROBE_PATH: &str = "/health";
 /// How often a `card_url` is fetched again (the card and, by its answer, the agent's liveness).

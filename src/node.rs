@@ -15,7 +15,9 @@ use crate::api::{self, AppState};
 use crate::card::{AgentCard, CardError};
 use crate::clock::now_millis;
 use crate::config::Config;
-use crate::defaults::{STORE_DIR, STORE_REOPEN_CHECK, STORE_REOPEN_ROWS, STORE_REOPEN_ROWS_BUSY};
+use crate::defaults::{
+    EVICT_SWEEP_MAX, STORE_DIR, STORE_REOPEN_CHECK, STORE_REOPEN_ROWS, STORE_REOPEN_ROWS_BUSY,
+};
 use crate::identity::{Identity, IdentityError};
 use crate::manifest::reload::Reloader;
 use crate::net::{self, NetConfig, NetError, NetHandle};
@@ -225,7 +227,12 @@ impl Node {
         tasks.spawn_loop("store reopening", reopen_store(registry.clone(), tasks.token()));
         tasks.spawn_loop(
             "eviction",
-            evict(registry.clone(), config.heartbeat_interval, config.evict_after, tasks.token()),
+            evict(
+                registry.clone(),
+                evict_sweep_every(config.heartbeat_interval, config.evict_after),
+                config.evict_after,
+                tasks.token(),
+            ),
         );
         let app = api::router(state);
         if !config.card_urls.is_empty() {
@@ -286,6 +293,14 @@ impl Node {
         tracing::info!(peer_id = %self.peer_id, "node stopped");
         Ok(())
     }
+}
+
+/// How often the eviction sweep runs: about twenty times per `evict_after`, within
+/// `[heartbeat_interval, EVICT_SWEEP_MAX]`. A sweep reads every record of the view; at every heartbeat
+/// interval (2 s) with the default `evict_after` (10 min), it read the whole view 300 times per
+/// eviction window.
+fn evict_sweep_every(heartbeat_interval: Duration, evict_after: Duration) -> Duration {
+    (evict_after / 20).min(EVICT_SWEEP_MAX).max(heartbeat_interval)
 }
 
 /// Drops remote records not heard of for `evict_after`, every `every`. One sweep at a time: the next
@@ -421,5 +436,20 @@ mod tests {
         assert!(!store_reopen_due(n + 10, n), "still writing");
         assert!(store_reopen_due(n, n), "a burst that has paused");
         assert!(store_reopen_due(STORE_REOPEN_ROWS_BUSY, STORE_REOPEN_ROWS_BUSY - 1), "writing for long");
+    }
+
+    #[test]
+    fn eviction_sweeps_about_twenty_times_per_window_within_its_bounds() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(
+            evict_sweep_every(s(2), crate::defaults::EVICT_AFTER),
+            EVICT_SWEEP_MAX,
+            "10 min: every 30 s"
+        );
+        assert_eq!(evict_sweep_every(s(2), s(120)), s(6));
+        assert_eq!(evict_sweep_every(s(2), s(20)), s(2), "never more often than a heartbeat interval");
+        assert_eq!(evict_sweep_every(ms(100), ms(2500)), ms(125));
+        assert_eq!(evict_sweep_every(s(2), s(86_400)), EVICT_SWEEP_MAX, "a day: still every 30 s");
     }
 }

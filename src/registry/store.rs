@@ -147,12 +147,14 @@ impl SealKey {
 
     /// Whether `row` carries this key's seal over what it holds now (constant-time comparison).
     pub fn sealed(&self, row: &Row) -> bool {
+        // Told apart by length first: an HMAC is 32 bytes of any value, so one in 256 starts with the
+        // BLAKE3 tag.
         match row.seal.split_first() {
-            Some((&SEAL_BLAKE3, mac)) => match <[u8; blake3::OUT_LEN]>::try_from(mac) {
+            Some((&SEAL_BLAKE3, mac)) if mac.len() == blake3::OUT_LEN => {
+                let mac = <[u8; blake3::OUT_LEN]>::try_from(mac).unwrap_or_else(|_| unreachable!());
                 // `Hash`'s equality is constant-time.
-                Ok(mac) => self.blake3(row) == blake3::Hash::from_bytes(mac),
-                Err(_) => false,
-            },
+                self.blake3(row) == blake3::Hash::from_bytes(mac)
+            }
             // HMACs were made only by versions that wrote version 1 rows.
             _ if row.holds_text() && row.seal.len() == 32 => self.hmac(row).verify_slice(&row.seal).is_ok(),
             _ => false,
@@ -560,6 +562,13 @@ mod tests {
         assert_eq!(legacy.seal.len(), 32);
         assert!(key.sealed(&legacy));
         assert!(!other.sealed(&legacy));
+        // One in 256 HMACs starts with the BLAKE3 tag: still an HMAC.
+        let tagged = (0..4096)
+            .map(|_| SealKey::derive(&libp2p::identity::Keypair::generate_ed25519()))
+            .find(|k| k.hmac(&legacy).finalize().into_bytes()[0] == SEAL_BLAKE3)
+            .expect("one key in 256 gives such an HMAC");
+        let seal = ByteBuf::from(tagged.hmac(&legacy).finalize().into_bytes().to_vec());
+        assert!(tagged.sealed(&Row { seal, ..legacy.clone() }), "an HMAC that starts with the tag");
         let hmac_on_version_2 =
             Row { seal: ByteBuf::from(key.hmac(&row).finalize().into_bytes().to_vec()), ..row.clone() };
         assert!(!key.sealed(&hmac_on_version_2), "no version ever wrote one");

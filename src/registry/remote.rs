@@ -33,8 +33,9 @@ impl RemoteState {
 /// The last walk of each publisher's agent list along its records in the view (see
 /// [`Registry::remote_heartbeat`]), kept while neither changes: a publisher at rest sends the same
 /// list (by digest) every beat, and its records change seldom, so a beat then touches the liveness of
-/// the records the list named last time, instead of finding each record by its agent id. At most [`MAX_TRACKED_PUBLISHERS`] walks are kept; a walk that found agents missing is
-/// not kept (their cards are fetched, and the publisher's records change).
+/// the records the list named last time, instead of finding each record by its agent id. At most
+/// [`MAX_TRACKED_PUBLISHERS`] walks are kept; a walk that found agents missing is not kept (their cards
+/// are fetched, and the publisher's records change).
 #[derive(Default)]
 pub(super) struct Walks(Mutex<HashMap<PeerId, Walk>>);
 

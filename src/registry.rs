@@ -168,15 +168,17 @@ impl Default for Live {
 }
 
 impl Live {
-    /// A beat of a remote record (whose health follows its heartbeats alone, as
-    /// [`Entry::beat_changes_health`] says); true when that changed its derived health or lifecycle.
-    fn remote_beat_changes_health(&self, now: Millis, reported: Reported, thresholds: &Thresholds) -> bool {
-        let state =
-            |live: &Live| (thresholds.health(now, live.last(), live.reported()), live.last_reported());
-        let (health, said) = state(self);
+    /// Records a sign of life; true when that changed what discovery shows of the record at `now`: its
+    /// derived health or its lifecycle (both are filters, so cached answers must go). `vouched`: the
+    /// node itself is the record's sign of life ([`Entry::last_heartbeat`]).
+    fn beat_changes_health(&self, now: Millis, reported: Reported, t: &Thresholds, vouched: bool) -> bool {
+        let shown = |live: &Live| {
+            let last = if vouched { Some(now) } else { live.last() };
+            (t.health(now, last, live.reported()), live.last_reported().lifecycle())
+        };
+        let before = shown(self);
         self.beat(now, reported);
-        let (after, now_said) = state(self);
-        after != health || now_said.lifecycle() != said.lifecycle()
+        shown(self) != before
     }
 
     fn beat(&self, now: Millis, reported: Reported) {
@@ -294,12 +296,10 @@ impl Entry {
         thresholds.health(now, self.last_heartbeat(now), self.reported())
     }
 
-    /// Records a sign of life; true when that changed what discovery shows of the entry at `now`: its
-    /// derived health or its lifecycle (both are filters, so cached answers must go).
+    /// Records a sign of life; true when that changed what discovery shows of the entry at `now`.
     fn beat_changes_health(&self, now: Millis, reported: Reported, thresholds: &Thresholds) -> bool {
-        let before = (self.health(now, thresholds), self.lifecycle());
-        self.live.beat(now, reported);
-        (self.health(now, thresholds), self.lifecycle()) != before
+        let vouched = self.origin == Origin::Local(Liveness::Node);
+        self.live.beat_changes_health(now, reported, thresholds, vouched)
     }
 
     /// Whether the agent takes new work, as it last said.
@@ -384,7 +384,7 @@ impl Snapshot {
 
     /// Every entry `publisher` published, in agent id order.
     pub fn of_publisher(&self, publisher: &PeerId) -> impl Iterator<Item = &Arc<Entry>> + '_ {
-        self.by_publisher.get(publisher).into_iter().flat_map(|list| list.iter())
+        self.publisher_records(publisher).into_iter().flat_map(|list| list.iter())
     }
 }
 

@@ -195,7 +195,7 @@ impl Registry {
             if let Some(refresh) = self.walks.find(&publisher, list, records) {
                 let mut changed = false;
                 for (live, reported) in refresh.iter() {
-                    changed |= live.remote_beat_changes_health(heard.at, *reported, &self.thresholds);
+                    changed |= live.beat_changes_health(heard.at, *reported, &self.thresholds, false);
                 }
                 outcome.refreshed = refresh.len();
                 if changed {
@@ -575,18 +575,23 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_list_in_any_order_refreshes_every_agent_held_and_names_every_one_missing() {
+    /// A registry holding `ids` at seq 5 from two publishers, so that the other's records sit between
+    /// the first's in the view's order; with the first publisher's key and id, and the other's key.
+    async fn two_publishers_holding(ids: &[&str]) -> (tempfile::TempDir, Registry, Keypair, PeerId, Keypair) {
         let dir = tempfile::tempdir().unwrap();
         let r = registry(dir.path());
-        let peer = Keypair::generate_ed25519();
-        let p = peer.public().to_peer_id();
-        // Another publisher's records between them in the view's order.
-        let other = Keypair::generate_ed25519();
-        for id in ["b", "d", "f", "h"] {
+        let (peer, other) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        for id in ids {
             r.apply(signed(&peer, &card(id, "1"), 5), 0).await.unwrap();
             r.apply(signed(&other, &card(id, "1"), 5), 0).await.unwrap();
         }
+        let p = peer.public().to_peer_id();
+        (dir, r, peer, p, other)
+    }
+
+    #[tokio::test]
+    async fn a_list_in_any_order_refreshes_every_agent_held_and_names_every_one_missing() {
+        let (_dir, r, _, p, _) = two_publishers_holding(&["b", "d", "f", "h"]).await;
         let t = *r.thresholds();
         let listed = |ids: &[&str]| -> Vec<HeartbeatAgent> {
             ids.iter()
@@ -624,15 +629,7 @@ mod tests {
     /// of the publisher's records (a removal, a new version, a new agent) or of its list walks again.
     #[tokio::test]
     async fn a_repeated_list_beats_the_same_records_until_the_records_or_the_list_change() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = registry(dir.path());
-        let peer = Keypair::generate_ed25519();
-        let p = peer.public().to_peer_id();
-        let other = Keypair::generate_ed25519();
-        for id in ["a", "b", "c"] {
-            r.apply(signed(&peer, &card(id, "1"), 5), 0).await.unwrap();
-            r.apply(signed(&other, &card(id, "1"), 5), 0).await.unwrap();
-        }
+        let (_dir, r, peer, p, other) = two_publishers_holding(&["a", "b", "c"]).await;
         let t = *r.thresholds();
         let degraded = t.degraded_after.as_millis() as u64;
         let listed = |agents: &[(&str, u64, Reported)]| -> Vec<HeartbeatAgent> {

@@ -31,12 +31,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentmesh::card::reported::Reported;
-use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER, MAX_UNANNOUNCED};
+use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER};
 use agentmesh::net::{
     holds_forward, DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
     HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
     PING_TIMEOUT, SYNC_INTERVAL,
 };
+use agentmesh::proto::announce::{Announcements, ANNOUNCE_BUDGET};
 use agentmesh::proto::membership::Reach;
 use agentmesh::proto::reconcile::{record_id, Index, RecordId};
 use agentmesh::proto::records::{self, Admission, Limits, RecordKey, Records};
@@ -283,6 +284,8 @@ struct Node {
     started_at: T,
     /// Its cards whose announcement found no peer yet.
     unannounced: Vec<(Arc<str>, u64)>,
+    /// This heartbeat interval's budget of cards gossiped one by one.
+    announcements: Announcements,
     /// The sync question each of its requests asked (to answer cards as `Settled`).
     fetching: HashMap<RequestId, Vec<RecordId>>,
     /// Its questions awaiting an answer: to whom, and when asked. Like libp2p's request-response, each
@@ -379,6 +382,7 @@ impl Sim {
             busy_until: 0,
             started_at: 0,
             unannounced: Vec::new(),
+            announcements: Announcements::default(),
             fetching: HashMap::new(),
             asking: HashMap::new(),
         };
@@ -549,7 +553,11 @@ impl Sim {
         node.fetching.clear();
         node.asking.clear();
         // A restarted daemon announces its cards again at its first heartbeat.
-        node.unannounced = node.agents.iter().take(MAX_UNANNOUNCED).cloned().collect();
+        node.unannounced = node.agents.iter().take(ANNOUNCE_BUDGET + 1).cloned().collect();
+        if Announcements::is_bulk(node.unannounced.len()) {
+            node.unannounced.clear();
+        }
+        node.announcements = Announcements::default();
         node.list_beats = 0;
         let wants = node.wants.clone();
         self.start(i, wants);
@@ -578,9 +586,13 @@ impl Sim {
         sent
     }
 
-    /// Announces one of its own cards, as the daemon's mesh task does: again at each heartbeat until
-    /// it finds a peer.
+    /// Announces one of its own cards, as the daemon's mesh task does: within the heartbeat
+    /// interval's budget (past it, peers fetch the card once the list names it), and again at each
+    /// heartbeat until it finds a peer.
     fn announce(&mut self, i: usize, agent: Arc<str>, seq: u64) {
+        if !self.nodes[i].announcements.take() {
+            return;
+        }
         if !self.publish(i, Payload::Card { publisher: i, agent: agent.clone(), seq }) {
             self.nodes[i].unannounced.push((agent, seq));
         }
@@ -746,7 +758,11 @@ impl Sim {
         }
         let agents = with_list.then(|| node.list.clone());
         self.publish(i, Payload::Heartbeat { publisher: i, sent_at: now, digest, agents });
-        for (agent, seq) in std::mem::take(&mut self.nodes[i].unannounced) {
+        let pending = std::mem::take(&mut self.nodes[i].unannounced);
+        if self.nodes[i].announcements.refill() {
+            return;
+        }
+        for (agent, seq) in pending {
             self.announce(i, agent, seq);
         }
     }

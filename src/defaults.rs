@@ -213,10 +213,12 @@ pub const HEARTBEATS_FROM_PEERS: usize = 2;
 /// At most this many heartbeats in one answer to that question, and at most this many bytes of them.
 pub const MAX_HEARTBEATS_ANSWER: usize = MAX_TRACKED_PUBLISHERS;
 pub const MAX_HEARTBEATS_ANSWER_BYTES: usize = 8 * 1024 * 1024;
-/// Local cards announced again at the next heartbeat because their announcement found no gossip peer
-/// (or because the node started on a stored view). Past it, reconciliation delivers them: a bulk of
-/// cards is its job, not a burst of gossip.
-pub const MAX_UNANNOUNCED: usize = 256;
+/// Local cards gossiped one by one per heartbeat interval at most, those announced again included (an
+/// announcement that found no gossip peer is made again at the next heartbeat, as is one of a node
+/// that started on a stored view). Past it, peers learn of the cards from this node's agent list and
+/// fetch them over sync: a bulk of cards is reconciliation's job, not a burst of gossip
+/// (`proto::announce`).
+pub const ANNOUNCE_BUDGET: usize = 8;
 /// Largest reconciliation frame: a newcomer learns the ids of a large view in frames of this size
 /// (about 8,000 record ids each), one round trip apiece.
 pub const RECONCILE_FRAME_BYTES: usize = 256 * 1024;

@@ -49,8 +49,9 @@ use crate::clock::now_millis;
 use crate::clock::rfc3339;
 use crate::defaults::{
     MAX_ADDRS_PER_PEER, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING, MAX_SYNC_REQUEST_BYTES,
-    MAX_SYNC_RESPONSE_BYTES, MAX_UNANNOUNCED,
+    MAX_SYNC_RESPONSE_BYTES,
 };
+use crate::proto::announce::{Announcements, ANNOUNCE_BUDGET};
 use crate::proto::records::SignedList;
 use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
@@ -233,14 +234,18 @@ pub async fn spawn(
         })
         .collect();
     let changes = registry.subscribe();
-    let unannounced: BTreeSet<String> = registry
+    let mut unannounced: BTreeSet<String> = registry
         .snapshot()
         .entries
         .iter()
         .filter(|e| e.is_local())
         .map(|e| e.key.agent_id.clone())
-        .take(MAX_UNANNOUNCED)
+        .take(ANNOUNCE_BUDGET + 1)
         .collect();
+    if Announcements::is_bulk(unannounced.len()) {
+        // A bulk: every peer sees them in this node's list and reconciles with it (`proto::announce`).
+        unannounced.clear();
+    }
     let config_heartbeat = config.heartbeat_interval;
     let config_peers = config.peers;
     let event_loop = EventLoop {
@@ -268,6 +273,7 @@ pub async fn spawn(
         // A node that starts on a stored view announces its cards again at its first heartbeat: peers
         // that removed them when it left take them back by gossip, not one fetch per hop.
         unannounced,
+        announcements: Announcements::default(),
         last_heartbeat: None,
         requests: HashMap::new(),
         indexed: None,
@@ -313,8 +319,10 @@ struct EventLoop {
     /// or every chunk of a long one), for nodes that fetch it.
     own_list: Option<SignedList>,
     /// Local cards whose announcement found no peer, announced again at each heartbeat until one
-    /// does (at most `MAX_UNANNOUNCED`).
+    /// does, unless they came in a bulk (at most `ANNOUNCE_BUDGET`).
     unannounced: BTreeSet<String>,
+    /// This heartbeat interval's budget of cards gossiped one by one.
+    announcements: Announcements,
     /// This node's newest heartbeat, sent first in answer to a fetch of its list.
     last_heartbeat: Option<Arc<[u8]>>,
     /// The protocol's decisions: sync questions, fetch claims, failure detection, bans.
@@ -381,16 +389,19 @@ impl EventLoop {
         }
     }
 
-    /// Announces a local card; one that found no peer is announced again at the next heartbeat, so
-    /// a card registered before the mesh formed reaches every node by gossip, not only the peers that
-    /// reconcile with this one.
+    /// Announces a local card by gossip, within this heartbeat interval's budget (`proto::announce`:
+    /// past it, peers fetch the card once its list names it); one that found no peer is announced
+    /// again at the next heartbeat unless it came in a bulk, so a card registered before the mesh formed
+    /// reaches every node by gossip, not only the peers that reconcile with this one.
     fn announce(&mut self, agent_id: String) {
+        self.unannounced.remove(&agent_id);
+        if !self.announcements.take() {
+            return;
+        }
         let me = *self.swarm.local_peer_id();
         let key = RecordKey { agent_id, publisher: me };
         let Some(msg) = self.registry.signed_card(&key) else { return };
-        if self.publish(&self.cards.clone(), msg) {
-            self.unannounced.remove(&key.agent_id);
-        } else if self.unannounced.len() < MAX_UNANNOUNCED {
+        if !self.publish(&self.cards.clone(), msg) {
             self.unannounced.insert(key.agent_id);
         }
     }
@@ -441,6 +452,10 @@ impl EventLoop {
         self.last_heartbeat = Some(signed);
         self.publish(&self.heartbeats.clone(), msg);
         let pending: Vec<String> = std::mem::take(&mut self.unannounced).into_iter().collect();
+        if self.announcements.refill() {
+            // Part of a bulk: left to the list and reconciliation like the rest of it.
+            return;
+        }
         for agent_id in pending {
             self.announce(agent_id);
         }

@@ -5,6 +5,7 @@
 //!
 //! - [`state`]: one node's protocol as a state machine, `State::handle(event, now) -> actions`,
 //!   built on the parts below.
+//! - [`announce`]: which of its own cards a node gossips one by one (the others are pulled).
 //! - [`bans`]: strikes and bans for peers that keep sending what verification refuses.
 //! - [`reconcile`]: record ids and range-based set reconciliation of two views (anti-entropy).
 //! - [`fetch`]: which missing records to ask for, of one peer at a time.
@@ -14,6 +15,7 @@
 //! - [`records`]: the rules of remote records: versions, tombstones, limits, leave and return,
 //!   heartbeat lists, declarations, eviction.
 
+pub mod announce;
 pub mod bans;
 pub mod fetch;
 pub mod membership;

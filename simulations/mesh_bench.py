@@ -229,6 +229,30 @@ def catch_up(nodes):
             "read_mb": spread([r / 1e6 for r, _ in io]), "written_mb": spread([w / 1e6 for _, w in io])}
 
 
+def metric(text, name):
+    """The value of one sample in a Prometheus text exposition, 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def gossip_taken(nodes):
+    """What each node's gossip brought until now (its /metrics): messages taken in, and those ignored
+    because the node held them already (fetched first), min / median / max over the nodes."""
+    taken, ignored = [], []
+    for n in nodes:
+        try:
+            with urllib.request.urlopen(n.http + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            continue
+        taken.append(metric(text, 'agentmesh_gossip_messages_total{direction="in"}'))
+        ignored.append(metric(text, 'agentmesh_gossip_verdicts_total{verdict="ignored"}'))
+    spread = lambda xs: {"min": int(min(xs)), "median": int(statistics.median(xs)), "max": int(max(xs))}
+    return {"in": spread(taken), "ignored": spread(ignored)} if taken else {}
+
+
 def timeline(nodes, wall_start):
     """When each node, counted from the first node's start, applied the first and the last card of its
     catch-up (from its log): min / median / max over the nodes. Tells a mesh that converges together
@@ -278,6 +302,7 @@ def bench(size, agents, rounds, quiet_seconds, workdir, preload):
         result["preload_full_view_s"] = time.monotonic() - t_start
         result["catch_up_per_node"] = catch_up(nodes)
         result["catch_up_timeline"] = timeline(nodes, wall_start)
+        result["gossip_until_full_view"] = gossip_taken(nodes)
     for n in nodes:
         wait_until(f"node {n.index} meshed", lambda n=n: meshed(n), deadline=300)
     time.sleep(3)  # let gossipsub fill its meshes (heartbeats every 0.5 s)
@@ -395,6 +420,11 @@ def main():
                       f"({t['first_card_s']['min']:.1f}-{t['first_card_s']['max']:.1f}), its last at "
                       f"{t['last_card_s']['median']:.1f} s ({t['last_card_s']['min']:.1f}-"
                       f"{t['last_card_s']['max']:.1f})")
+            g = result["gossip_until_full_view"]
+            if g:
+                print(f"- gossip taken in per node until then: {g['in']['median']} messages median "
+                      f"({g['in']['min']}-{g['in']['max']}), of which held already {g['ignored']['median']} "
+                      f"({g['ignored']['min']}-{g['ignored']['max']})")
         print(f"- card on every node: max {max(c['all'] for c in conv)*1e3:.0f} ms, "
               f"median of rounds {statistics.median(c['all'] for c in conv)*1e3:.0f} ms "
               f"(per-node p50 {statistics.median(c['p50'] for c in conv)*1e3:.0f} ms), {len(conv)} rounds")

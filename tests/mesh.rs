@@ -432,3 +432,43 @@ async fn nodes_keep_their_connection_target_by_agreed_partings_without_false_ala
         .await;
     }
 }
+
+/// A node that starts with more card files than it gossips one by one per heartbeat interval
+/// (`proto::announce`) leaves them to its agent list and reconciliation: its peer gets every card, and
+/// the node's own gossip is its heartbeats, not its cards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cards_past_the_gossip_budget_reach_a_peer_by_sync_not_by_gossip() {
+    const CARDS: u64 = 40;
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let b = start(dirs[0].path(), vec![]).await;
+    let cards = dirs[1].path().join("cards");
+    std::fs::create_dir(&cards).unwrap();
+    for i in 0..CARDS {
+        let id = format!("bulk-{i:02}");
+        let card = serde_json::json!({"agent_id": id, "base_url": "http://127.0.0.1:1", "version": "1.0.0"});
+        std::fs::write(cards.join(format!("{id}.json")), card.to_string()).unwrap();
+    }
+    // Heartbeats a second apart, so that the few this test lasts are told apart from the cards.
+    let config = Config {
+        cards: vec![cards],
+        heartbeat_interval: Duration::from_secs(1),
+        degraded_after: Duration::from_secs(7),
+        inactive_after: Duration::from_secs(14),
+        evict_after: Duration::from_secs(60),
+        ..mesh_config(dirs[1].path(), vec![dial_addr(&b).await])
+    };
+    let a = TestNode::start(config).await;
+    b.wait_for("every card on b", || async {
+        let (_, list) = b.get("/api/v1/agents?limit=0").await;
+        (list["total"].as_u64() == Some(CARDS)).then_some(())
+    })
+    .await;
+    // Three heartbeats published (a heartbeat with no peer is not), so the first one a peer heard, after
+    // which cards that found no peer would have been announced again, is past.
+    a.wait_for("three heartbeats from a", || async {
+        (counter(&a, "messages_out").await >= 3).then_some(())
+    })
+    .await;
+    let sent = counter(&a, "messages_out").await;
+    assert!(sent < CARDS, "a's gossip is its heartbeats and at most a budget of cards: {sent} messages");
+}

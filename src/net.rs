@@ -270,8 +270,9 @@ pub async fn spawn(
         last_list: None,
         list_beats: 0,
         own_list: None,
-        // A node that starts on a stored view announces its cards again at its first heartbeat: peers
-        // that removed them when it left take them back by gossip, not one fetch per hop.
+        // A node that starts on a stored view of a few cards announces them again at its first
+        // heartbeat: peers that removed them when it left take them back by gossip, not one fetch per
+        // hop. More than a budget's worth are left to its list and reconciliation (`proto::announce`).
         unannounced,
         announcements: Announcements::default(),
         last_heartbeat: None,

@@ -37,7 +37,7 @@ use agentmesh::net::{
     HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
     PING_TIMEOUT, SYNC_INTERVAL,
 };
-use agentmesh::proto::announce::{Announcements, ANNOUNCE_BUDGET};
+use agentmesh::proto::announce::{self, Announcements};
 use agentmesh::proto::membership::Reach;
 use agentmesh::proto::reconcile::{record_id, Index, RecordId};
 use agentmesh::proto::records::{self, Admission, Limits, RecordKey, Records};
@@ -553,10 +553,7 @@ impl Sim {
         node.fetching.clear();
         node.asking.clear();
         // A restarted daemon announces its cards again at its first heartbeat.
-        node.unannounced = node.agents.iter().take(ANNOUNCE_BUDGET + 1).cloned().collect();
-        if Announcements::is_bulk(node.unannounced.len()) {
-            node.unannounced.clear();
-        }
+        node.unannounced = announce::again_at_start(node.agents.iter().cloned());
         node.announcements = Announcements::default();
         node.list_beats = 0;
         let wants = node.wants.clone();

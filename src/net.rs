@@ -51,7 +51,7 @@ use crate::defaults::{
     MAX_ADDRS_PER_PEER, MAX_CONNECTIONS_PER_PEER, MAX_PENDING_INCOMING, MAX_SYNC_REQUEST_BYTES,
     MAX_SYNC_RESPONSE_BYTES,
 };
-use crate::proto::announce::{Announcements, ANNOUNCE_BUDGET};
+use crate::proto::announce::{self, Announcements};
 use crate::proto::records::SignedList;
 use crate::proto::state::{self, Event, State};
 use crate::registry::{LocalChange, RecordKey, Registry};
@@ -234,18 +234,10 @@ pub async fn spawn(
         })
         .collect();
     let changes = registry.subscribe();
-    let mut unannounced: BTreeSet<String> = registry
-        .snapshot()
-        .entries
-        .iter()
-        .filter(|e| e.is_local())
-        .map(|e| e.key.agent_id.clone())
-        .take(ANNOUNCE_BUDGET + 1)
-        .collect();
-    if Announcements::is_bulk(unannounced.len()) {
-        // A bulk: every peer sees them in this node's list and reconciles with it (`proto::announce`).
-        unannounced.clear();
-    }
+    let me = keypair.public().to_peer_id();
+    let snapshot = registry.snapshot();
+    let own = snapshot.of_publisher(&me).map(|e| e.key.agent_id.clone());
+    let unannounced: BTreeSet<String> = announce::again_at_start(own).into_iter().collect();
     let config_heartbeat = config.heartbeat_interval;
     let config_peers = config.peers;
     let event_loop = EventLoop {

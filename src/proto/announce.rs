@@ -50,11 +50,16 @@ impl Announcements {
         self.left = ANNOUNCE_BUDGET;
         std::mem::take(&mut self.overdrawn)
     }
+}
 
-    /// Whether this many cards at once are a bulk (more than one interval's budget).
-    pub fn is_bulk(cards: usize) -> bool {
-        cards > ANNOUNCE_BUDGET
+/// The cards a node starting on its store announces again at its first heartbeat, of `own` (its
+/// cards): all of them when they are within the budget, none when they are a bulk.
+pub fn again_at_start<T>(own: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut again: Vec<T> = own.into_iter().take(ANNOUNCE_BUDGET + 1).collect();
+    if again.len() > ANNOUNCE_BUDGET {
+        again.clear();
     }
+    again
 }
 
 #[cfg(test)]
@@ -74,6 +79,7 @@ mod tests {
         // An interval within its budget is no bulk.
         assert!((0..ANNOUNCE_BUDGET).all(|_| announcements.take()));
         assert!(!announcements.refill());
-        assert!(!Announcements::is_bulk(ANNOUNCE_BUDGET) && Announcements::is_bulk(ANNOUNCE_BUDGET + 1));
+        assert_eq!(again_at_start(0..ANNOUNCE_BUDGET), Vec::from_iter(0..ANNOUNCE_BUDGET));
+        assert!(again_at_start(0..ANNOUNCE_BUDGET + 1).is_empty(), "a store of more is a bulk");
     }
 }

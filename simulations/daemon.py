@@ -65,10 +65,8 @@ class Daemon:
     def heap_live_mb(self):
         """The heap's live bytes in MB (`agentmesh_heap_live_bytes` of `/metrics`), None if not served."""
         with urllib.request.urlopen(self.http + "/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("agentmesh_heap_live_bytes "):
-                    return int(float(line.split()[1])) / (1024 * 1024)
-        return None
+            live = metric(r.read().decode(), "agentmesh_heap_live_bytes")
+        return None if live is None else int(live) / (1024 * 1024)
 
     def register(self, card):
         req = urllib.request.Request(self.http + "/api/v1/agents", data=json.dumps(card).encode(),
@@ -99,6 +97,15 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._drain.join(timeout=10)
+
+
+def metric(text, sample):
+    """The value of one sample (its name with any labels, as written) of a Prometheus text exposition,
+    None when absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return None
 
 
 def records(daemon):

@@ -39,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 
-from daemon import cpu_ticks, machine_ticks, rss_mb
+from daemon import cpu_ticks, machine_ticks, metric, rss_mb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # AGENTMESH_BIN: a binary built elsewhere (another commit, to compare); unset, this tree's release build.
@@ -218,23 +218,19 @@ def io_bytes(pid):
     return int(fields["rchar"]), int(fields["wchar"])
 
 
+def spread(xs, digits=2):
+    """min / median / max of `xs`, rounded to `digits`."""
+    r = lambda x: round(x, digits) if digits else int(x)
+    return {"min": r(min(xs)), "median": r(statistics.median(xs)), "max": r(max(xs))}
+
+
 def catch_up(nodes):
     """What each node spent from its start until every node held every agent: CPU seconds, and bytes
     read and written (its sockets, plus its store's files and its card files), min / median / max."""
     cpu = [cpu_ticks(n.proc.pid) / os.sysconf("SC_CLK_TCK") for n in nodes]
     io = [io_bytes(n.proc.pid) for n in nodes]
-    spread = lambda xs: {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2),
-                         "max": round(max(xs), 2)}
     return {"cpu_s": spread(cpu), "all_nodes_cpu_s": round(sum(cpu), 1),
             "read_mb": spread([r / 1e6 for r, _ in io]), "written_mb": spread([w / 1e6 for _, w in io])}
-
-
-def metric(text, name):
-    """The value of one sample in a Prometheus text exposition, 0 when absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def gossip_taken(nodes):
@@ -247,10 +243,9 @@ def gossip_taken(nodes):
                 text = r.read().decode()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             continue
-        taken.append(metric(text, 'agentmesh_gossip_messages_total{direction="in"}'))
-        ignored.append(metric(text, 'agentmesh_gossip_verdicts_total{verdict="ignored"}'))
-    spread = lambda xs: {"min": int(min(xs)), "median": int(statistics.median(xs)), "max": int(max(xs))}
-    return {"in": spread(taken), "ignored": spread(ignored)} if taken else {}
+        taken.append(metric(text, 'agentmesh_gossip_messages_total{direction="in"}') or 0)
+        ignored.append(metric(text, 'agentmesh_gossip_verdicts_total{verdict="ignored"}') or 0)
+    return {"in": spread(taken, 0), "ignored": spread(ignored, 0)} if taken else {}
 
 
 def timeline(nodes, wall_start):
@@ -258,11 +253,9 @@ def timeline(nodes, wall_start):
     catch-up (from its log): min / median / max over the nodes. Tells a mesh that converges together
     from one that waits on its last nodes."""
     spans = [n.applied_span() for n in nodes]
-    spread = lambda xs: {"min": round(min(xs), 1), "median": round(statistics.median(xs), 1),
-                         "max": round(max(xs), 1)}
     firsts = [f - wall_start for f, _ in spans if f is not None]
     lasts = [l - wall_start for _, l in spans if l is not None]
-    return {"first_card_s": spread(firsts), "last_card_s": spread(lasts)} if lasts else {}
+    return {"first_card_s": spread(firsts, 1), "last_card_s": spread(lasts, 1)} if lasts else {}
 
 
 def bench(size, agents, rounds, quiet_seconds, workdir, preload):

@@ -89,3 +89,50 @@ async fn every_acknowledged_registration_survives_a_hundred_kill_9s() {
     assert!(writes > rounds() as u64, "writes were under way when the kills came ({writes} acknowledged)");
     eprintln!("crash: {} kill -9 rounds, {writes} registrations acknowledged in all", rounds());
 }
+
+/// Agents a node catches up with from its peer (remote rows, flushed on sled's own schedule).
+const REMOTE_AGENTS: usize = 300;
+
+async fn held(node: &Daemon) -> u64 {
+    node.get("/api/v1/discovery/capabilities?limit=1").await["total_agents"].as_u64().unwrap_or(0)
+}
+
+/// A node killed with SIGKILL right after it caught up may lose the remote rows its store had not
+/// flushed yet (`STORE_FLUSH_EVERY`): those are not acknowledged writes of its own, and the mesh sends
+/// them again. The node starts on what its store kept, with nothing unreadable and no witness alarm,
+/// and holds the whole view again once it reaches its peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_rows_lost_to_a_kill_9_come_back_from_the_mesh() {
+    let publisher = Daemon::start(&[]);
+    for n in 0..REMOTE_AGENTS {
+        let card = json!({
+            "agent_id": format!("remote-{n}"), "base_url": "http://127.0.0.1:9",
+            "skills": [{"id": "s", "tags": ["t"]}]
+        });
+        assert!(publisher.register(&card).await.status().is_success());
+    }
+    let status = publisher.status().await;
+    let bootstrap = format!("{}/p2p/{}", status["listen_addrs"][0].as_str().unwrap(), publisher.peer_id);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut joiner = Daemon::start_in(dir.path(), &["--bootstrap", &bootstrap]).unwrap();
+    let start = std::time::Instant::now();
+    while held(&joiner).await < REMOTE_AGENTS as u64 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the joiner never held every agent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    joiner.child.kill().unwrap();
+    joiner.child.wait().unwrap();
+
+    let joiner = Daemon::start_in(dir.path(), &["--bootstrap", &bootstrap]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(joiner.store_opened["unreadable"], 0, "{}", joiner.store_opened);
+    eprintln!("remote rows the store kept through the kill: {}", joiner.store_opened["remote"]);
+    let start = std::time::Instant::now();
+    while held(&joiner).await < REMOTE_AGENTS as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the restarted joiner never held every agent again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -16,7 +16,7 @@ use hmac::Mac as _;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use crate::defaults::SLED_CACHE_BYTES;
+use crate::defaults::{SLED_CACHE_BYTES, STORE_FLUSH_EVERY};
 
 /// Version of the row format this node writes: the card's text as the view holds it, compressed, so
 /// that a start takes it as it is instead of compressing every card again (a third of a start's work),
@@ -224,7 +224,12 @@ pub struct Store {
 impl Store {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let open_err = |source| StoreError::Open { path: dir.to_owned(), source };
-        let db = sled::Config::new().path(dir).cache_capacity(SLED_CACHE_BYTES).open().map_err(open_err)?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(SLED_CACHE_BYTES)
+            .flush_every_ms(Some(STORE_FLUSH_EVERY.as_millis() as u64))
+            .open()
+            .map_err(open_err)?;
         let records = db.open_tree(RECORDS_TREE).map_err(open_err)?;
         Ok(Self { db, records })
     }

@@ -234,9 +234,8 @@ pub async fn spawn(
         })
         .collect();
     let changes = registry.subscribe();
-    let me = keypair.public().to_peer_id();
     let snapshot = registry.snapshot();
-    let own = snapshot.of_publisher(&me).map(|e| e.key.agent_id.clone());
+    let own = snapshot.of_publisher(&peer_id).map(|e| e.key.agent_id.clone());
     let unannounced: BTreeSet<String> = announce::again_at_start(own).into_iter().collect();
     let config_heartbeat = config.heartbeat_interval;
     let config_peers = config.peers;

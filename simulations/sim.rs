@@ -34,8 +34,8 @@ use agentmesh::card::reported::Reported;
 use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER};
 use agentmesh::net::{
     holds_forward, DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
-    HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
-    PING_TIMEOUT, SYNC_INTERVAL,
+    HANDSHAKE_TIMEOUT, IDLE_DETECT_TICK, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW,
+    PING_INTERVAL, PING_TIMEOUT, SYNC_INTERVAL,
 };
 use agentmesh::proto::announce::{self, Announcements};
 use agentmesh::proto::membership::Reach;
@@ -282,6 +282,8 @@ struct Node {
     busy_until: T,
     /// When its process last started.
     started_at: T,
+    /// When its protocol state's next tick is due (the daemon's `next_detect_tick`).
+    tick_due: T,
     /// Its cards whose announcement found no peer yet.
     unannounced: Vec<(Arc<str>, u64)>,
     /// This heartbeat interval's budget of cards gossiped one by one.
@@ -381,6 +383,7 @@ impl Sim {
             held: Vec::new(),
             busy_until: 0,
             started_at: 0,
+            tick_due: 0,
             unannounced: Vec::new(),
             announcements: Announcements::default(),
             fetching: HashMap::new(),
@@ -432,6 +435,7 @@ impl Sim {
         let now_ms = self.ms().max(1);
         let node = &mut self.nodes[i];
         node.started_at = self.now;
+        node.tick_due = 0;
         if node.epoch == 0 {
             // First start: its agents register, at a seq from the clock (as `next_local_seq`).
             for (agent, seq) in node.agents.iter_mut() {
@@ -1049,11 +1053,24 @@ impl Sim {
                     self.fail_requests(node, |_, at| at <= horizon);
                     // The connection target asks a gossip mesh peer to part only when no other is
                     // left, and its bootstrap peer after that.
+                    // The daemon ticks every `DETECT_TICK` while its state is urgent, otherwise every
+                    // `IDLE_DETECT_TICK` or at its next timed decision: here, a tick every
+                    // `DETECT_TICK` that skips the state unless it is urgent or its tick is due.
                     let n = &self.nodes[node];
-                    let bootstrap = n.wants.first().map(|&p| self.nodes[p].peer).into_iter().collect();
-                    let mesh = n.mesh.iter().map(|&p| self.nodes[p].peer).collect();
-                    self.nodes[node].state.keep(bootstrap, mesh);
-                    self.handle(node, Event::Tick);
+                    if self.now >= n.tick_due || n.state.urgent() {
+                        let bootstrap = n.wants.first().map(|&p| self.nodes[p].peer).into_iter().collect();
+                        let mesh = n.mesh.iter().map(|&p| self.nodes[p].peer).collect();
+                        self.nodes[node].state.keep(bootstrap, mesh);
+                        self.handle(node, Event::Tick);
+                        let state = &self.nodes[node].state;
+                        let wait = if state.urgent() {
+                            us(DETECT_TICK)
+                        } else {
+                            let timed = state.next_timed().saturating_sub(self.ms()) * MS;
+                            us(IDLE_DETECT_TICK).min(timed)
+                        };
+                        self.nodes[node].tick_due = self.now + wait;
+                    }
                     self.at(self.now + us(DETECT_TICK), Ev::Tick { node, epoch });
                 }
             }

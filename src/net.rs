@@ -82,8 +82,12 @@ pub const REDIAL_MIN: Duration = Duration::from_secs(1);
 pub const REDIAL_MAX: Duration = Duration::from_secs(60);
 /// How long a leaving node keeps polling the swarm so that its goodbye goes out.
 pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
-/// How often suspicions are checked for their timeout (failure detection).
+/// How often suspicions are checked for their timeout (failure detection), while one is open or the
+/// connection target has work (`proto::State::urgent`).
 pub const DETECT_TICK: Duration = Duration::from_millis(100);
+/// How often the protocol state ticks otherwise: what it then does (lapsed fetch claims and bans, the
+/// shuffle) is due in seconds. A state that becomes urgent is ticked `DETECT_TICK` later.
+pub const IDLE_DETECT_TICK: Duration = Duration::from_secs(1);
 /// How often mDNS asks the LAN who is there (libp2p's default: 5 min). Only the lower PeerId of a pair
 /// dials, so a node whose first query went out before its neighbour was up must ask again soon, or the
 /// pair stays apart until the next query.
@@ -113,7 +117,7 @@ pub const GOSSIP_HEARTBEAT: Duration = Duration::from_secs(1);
 /// together, so each mesh peer is woken once a tick for every heartbeat this node relays instead of
 /// once per copy: on a quiet mesh the per-message cost of a copy (a wake-up, yamux, noise, a system
 /// call on each side) is most of what a node spends. Heartbeats are judged by age in seconds; cards,
-/// removals and declarations are never held.
+/// removals and declarations are never held. The tick's timer runs only while forwards are held.
 pub const FORWARD_TICK: Duration = Duration::from_millis(250);
 /// Heartbeat forwards held at most; past it they go out at once.
 pub const MAX_HELD_FORWARDS: usize = 4_096;
@@ -333,16 +337,33 @@ struct EventLoop {
 impl EventLoop {
     async fn run(mut self) {
         let mut heartbeat = interval(self.config.heartbeat_interval);
-        // Started with the heartbeat's, so that this node's own heartbeat goes out with a tick's forwards.
+        // The forward tick's times are those of the heartbeat's, so that this node's own heartbeat goes
+        // out with a tick's forwards; the timer is armed only while forwards are held.
+        let grid = Instant::now();
         let mut forward = interval(FORWARD_TICK);
+        let mut forwarding = false;
         let mut sync = interval(SYNC_INTERVAL);
         let mut redial = interval(REDIAL_MIN);
         let mut lan_redial = interval(MDNS_QUERY_INTERVAL);
-        let mut detect = interval(DETECT_TICK);
-        for timer in [&mut heartbeat, &mut forward, &mut sync, &mut redial, &mut lan_redial, &mut detect] {
+        // The first detection tick at once, then as `next_detect_tick` says.
+        let mut detect_at = Instant::now();
+        let detect = tokio::time::sleep_until(detect_at);
+        tokio::pin!(detect);
+        for timer in [&mut heartbeat, &mut forward, &mut sync, &mut redial, &mut lan_redial] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         loop {
+            // Timers that wake the loop only when they have work: a wake-up polls the whole swarm.
+            if !forwarding && !self.held.is_empty() {
+                forward.reset_at(next_tick(grid, FORWARD_TICK, Instant::now()));
+                forwarding = true;
+            }
+            // Sooner, never later: while the state stays urgent, events do not put its tick off.
+            let due = self.next_detect_tick();
+            if due < detect_at {
+                detect_at = due;
+                detect.as_mut().reset(due);
+            }
             tokio::select! {
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 Some(verdict) = self.verdicts.recv() => self.on_verdict(verdict),
@@ -357,13 +378,31 @@ impl EventLoop {
                     None => return,
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
-                _ = forward.tick() => self.forward_held(),
+                _ = forward.tick(), if forwarding => {
+                    forwarding = false;
+                    self.forward_held();
+                }
                 _ = sync.tick() => self.handle(Event::SyncTimer),
                 _ = redial.tick() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
-                _ = detect.tick() => self.on_detect_tick(),
+                () = &mut detect => {
+                    self.on_detect_tick();
+                    detect_at = self.next_detect_tick();
+                    detect.as_mut().reset(detect_at);
+                }
             }
         }
+    }
+
+    /// When the protocol state next wants its detection tick: `DETECT_TICK` from now while it is urgent,
+    /// otherwise `IDLE_DETECT_TICK` from now or at its next timed decision if sooner.
+    fn next_detect_tick(&self) -> Instant {
+        let now = Instant::now();
+        if self.state.urgent() {
+            return now + DETECT_TICK;
+        }
+        let timed = Duration::from_millis(self.state.next_timed().saturating_sub(now_millis()));
+        now + IDLE_DETECT_TICK.min(timed)
     }
 
     /// Publishes on `topic`; false when gossipsub had no peer to send it to.
@@ -744,6 +783,13 @@ fn is_loopback(addr: &Multiaddr) -> bool {
     behaviour::ip_of(addr).is_some_and(|ip| ip.is_loopback())
 }
 
+/// The first time after `now` on the grid of `period`s that starts at `start`.
+fn next_tick(start: Instant, period: Duration, now: Instant) -> Instant {
+    let period_ns = period.as_nanos().max(1);
+    let ticks = now.saturating_duration_since(start).as_nanos() / period_ns + 1;
+    start + Duration::from_nanos(u64::try_from(ticks * period_ns).unwrap_or(u64::MAX))
+}
+
 /// Whether a verdict's forward waits for the next `FORWARD_TICK`: only an accepted heartbeat's
 /// (`waited`: how long it has been in this node; `None` for any other message), and only if it came in
 /// less than a tick ago. One that waited longer (a busy ingest worker) goes on at once, so holding never
@@ -776,6 +822,20 @@ mod tests {
     #[test]
     fn the_heartbeat_topics_hash_is_its_name() {
         assert_eq!(IdentTopic::new(HEARTBEATS_TOPIC).hash().as_str(), HEARTBEATS_TOPIC);
+    }
+
+    #[test]
+    fn held_forwards_go_out_at_the_next_time_of_the_heartbeats_grid() {
+        let start = Instant::now();
+        let tick = FORWARD_TICK;
+        assert_eq!(next_tick(start, tick, start), start + tick, "never at once");
+        assert_eq!(next_tick(start, tick, start + tick / 3), start + tick);
+        assert_eq!(next_tick(start, tick, start + tick), start + tick * 2, "a time just passed is not next");
+        assert_eq!(
+            next_tick(start, tick, start + tick * 7 + tick / 2),
+            start + tick * 8,
+            "after a quiet spell"
+        );
     }
 
     #[test]

@@ -123,6 +123,11 @@ impl Membership {
         actions
     }
 
+    /// Whether a suspicion is open: its timeout is due within `SUSPECT_TIMEOUT`.
+    pub fn suspecting(&self) -> bool {
+        !self.suspects.is_empty()
+    }
+
     fn remember_lost(&mut self, peer: PeerId, now: Millis) {
         if self.lost.len() >= MAX_TRACKED_PEERS {
             let window = LOST_MEMORY.as_millis() as Millis;
@@ -236,14 +241,16 @@ mod tests {
     fn a_dead_peer_is_declared_once_helpers_lost_it_too() {
         let mut m = with_peers(6);
         let x = peer(1);
+        assert!(!m.suspecting());
         let actions = m.closed(x, true, 1_000, &mut rng());
+        assert!(m.suspecting(), "its timeout needs the fast tick");
         let helpers = probes(&actions);
         assert_eq!(helpers.len(), PROBE_HELPERS);
         assert!(!helpers.contains(&x) && actions.contains(&Action::Redial(x)));
         assert!(m.answer(x, Reach::Lost).is_empty(), "waits for every helper");
         assert!(m.answer(x, Reach::Unknown).is_empty());
         assert_eq!(m.answer(x, Reach::Unknown), vec![Action::Declare(x)]);
-        assert!(!m.suspects.contains_key(&x));
+        assert!(!m.suspects.contains_key(&x) && !m.suspecting());
     }
 
     #[test]

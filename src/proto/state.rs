@@ -92,7 +92,9 @@ pub enum Event {
     Refused { peer: PeerId, count: u32 },
     /// Time for an anti-entropy round with one random peer (every `SYNC_INTERVAL`).
     SyncTimer,
-    /// Time to check suspicions and lapse old claims and bans (every `DETECT_TICK`).
+    /// Time to check suspicions and lapse old claims and bans: every `DETECT_TICK` while the state is
+    /// [`urgent`](State::urgent), otherwise every `IDLE_DETECT_TICK` or at
+    /// [`next_timed`](State::next_timed) if sooner.
     Tick,
 }
 
@@ -231,6 +233,21 @@ impl State {
     /// Questions awaiting their answer.
     pub fn in_flight(&self) -> usize {
         self.asked.len()
+    }
+
+    /// Whether a tick is due within `DETECT_TICK`: a suspicion is open (its timeout decides within a
+    /// second), or the connection target has peers to dial or to ask to part. When not, nothing a tick
+    /// decides is due sooner than in seconds (fetch claims, bans, the shuffle), and the shell ticks
+    /// every `IDLE_DETECT_TICK`, or sooner at [`next_timed`](Self::next_timed): a node at rest is not
+    /// woken ten times a second for nothing.
+    pub fn urgent(&self) -> bool {
+        self.membership.suspecting() || self.target.unsettled()
+    }
+
+    /// When a tick next has a decision due by the clock alone: the connection target's shuffle (0: at
+    /// the next tick). Everything else a tick lapses may wait `IDLE_DETECT_TICK`.
+    pub fn next_timed(&self) -> Millis {
+        self.target.next_shuffle()
     }
 
     /// The connection target's view of this node's peers.

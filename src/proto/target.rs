@@ -134,6 +134,21 @@ impl Target {
         self.connected.len() < self.bounds.low
     }
 
+    /// Whether the next ticks have work to do at once: above `high` (peers to ask to part), or below
+    /// `low` with a dial to spare and a peer known to dial. Everything else the tick does (the shuffle,
+    /// dials and partings that lapse) runs on a scale of seconds.
+    pub fn unsettled(&self) -> bool {
+        let n = self.connected.len();
+        let asks = n.saturating_sub(self.bounds.high).min(MAX_PART_ASKS);
+        let dials = self.bounds.low.saturating_sub(n).min(MAX_FILL_DIALS);
+        self.asking.len() < asks || (self.filling.len() < dials && !self.known.is_empty())
+    }
+
+    /// When the next shuffle is due (0: at the next tick).
+    pub fn next_shuffle(&self) -> Millis {
+        self.next_shuffle.unwrap_or(0)
+    }
+
     /// Whether `peer` and this node parted within `PART_MEMORY` (neither redials the other).
     pub fn is_parted(&self, peer: &PeerId, now: Millis) -> bool {
         self.parted.get(peer).is_some_and(|&until| until > now)
@@ -222,8 +237,8 @@ impl Target {
         Vec::new()
     }
 
-    /// Runs every `DETECT_TICK`: asks a peer to part above `high`, dials one below `low` or at the
-    /// shuffle. `busy(peer)`: a sync with `peer` is under way.
+    /// Runs at every tick of the shell (every `DETECT_TICK` while [`unsettled`](Self::unsettled)): asks
+    /// a peer to part above `high`, dials one below `low` or at the shuffle. `busy(peer)`: a sync with `peer` is under way.
     pub fn tick(&mut self, now: Millis, busy: impl Fn(&PeerId) -> bool, rng: &mut impl Rng) -> Vec<Action> {
         let mut out = Vec::new();
         // A parting whose connection outlived `PART_CLOSE_WAIT` never completed (the answer was lost):
@@ -452,6 +467,27 @@ mod tests {
         assert!([peer(2), peer(3)].contains(&third[0]));
         t.connected(third[0], later + 1);
         assert!(!t.wants_peers());
+    }
+
+    #[test]
+    fn it_wants_fast_ticks_only_with_a_peer_to_dial_or_to_ask_to_part() {
+        let mut t = target(3, 6, 2);
+        assert!(!t.unsettled(), "below low with nobody to dial: a lone node rests");
+        assert_eq!(t.next_shuffle(), 0, "the first shuffle at the next tick");
+        t.tick(0, |_| false, &mut rng());
+        assert_eq!(t.next_shuffle(), SHUFFLE_INTERVAL.as_millis() as Millis);
+        t.heard_of(peer(20), 1);
+        assert!(t.unsettled(), "a peer to dial");
+        assert_eq!(dials(t.tick(2, |_| false, &mut rng())), vec![peer(20)]);
+        assert!(!t.unsettled(), "the one dial missing is under way");
+        t.connected(peer(20), 3);
+        assert!(!t.unsettled(), "at low");
+        for i in 21..=24 {
+            t.connected(peer(i), 4);
+        }
+        assert!(t.unsettled(), "one over high");
+        assert_eq!(asked(&t.tick(AGE, |_| false, &mut rng())).len(), 1);
+        assert!(!t.unsettled(), "its answer is awaited");
     }
 
     #[test]

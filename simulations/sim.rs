@@ -33,15 +33,15 @@ use std::time::Instant;
 use agentmesh::card::reported::Reported;
 use agentmesh::defaults::{FETCH_BATCH, HEARTBEAT_INTERVAL, MAX_HEARTBEATS_ANSWER};
 use agentmesh::net::{
-    holds_forward, DETECT_TICK, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
-    HANDSHAKE_TIMEOUT, IDLE_DETECT_TICK, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW,
-    PING_INTERVAL, PING_TIMEOUT, SYNC_INTERVAL,
+    holds_forward, FORWARD_TICK, GOSSIP_FACTOR, GOSSIP_HEARTBEAT, GOSSIP_HISTORY, GOSSIP_LAZY,
+    HANDSHAKE_TIMEOUT, LEAVE_FLUSH, MDNS_QUERY_INTERVAL, MESH_N, MESH_N_HIGH, MESH_N_LOW, PING_INTERVAL,
+    PING_TIMEOUT, SYNC_INTERVAL,
 };
 use agentmesh::proto::announce::{self, Announcements};
 use agentmesh::proto::membership::Reach;
 use agentmesh::proto::reconcile::{record_id, Index, RecordId};
 use agentmesh::proto::records::{self, Admission, Limits, RecordKey, Records};
-use agentmesh::proto::state::{self, Action, Event, Request, RequestId, State};
+use agentmesh::proto::state::{self, Action, Event, Request, RequestId, State, DETECT_TICK};
 use agentmesh::proto::target::{Bounds, PEER_HIGH, PEER_LOW};
 use agentmesh::registry::health::{Health, Thresholds};
 use agentmesh::wire::{self, HeartbeatAgent};
@@ -1053,23 +1053,17 @@ impl Sim {
                     self.fail_requests(node, |_, at| at <= horizon);
                     // The connection target asks a gossip mesh peer to part only when no other is
                     // left, and its bootstrap peer after that.
-                    // The daemon ticks every `DETECT_TICK` while its state is urgent, otherwise every
-                    // `IDLE_DETECT_TICK` or at its next timed decision: here, a tick every
-                    // `DETECT_TICK` that skips the state unless it is urgent or its tick is due.
+                    // The daemon ticks its state at `State::next_tick`, and `DETECT_TICK` after it
+                    // turns urgent: here, a tick every `DETECT_TICK` that skips the state unless it
+                    // is urgent or its tick is due.
                     let n = &self.nodes[node];
                     if self.now >= n.tick_due || n.state.urgent() {
                         let bootstrap = n.wants.first().map(|&p| self.nodes[p].peer).into_iter().collect();
                         let mesh = n.mesh.iter().map(|&p| self.nodes[p].peer).collect();
                         self.nodes[node].state.keep(bootstrap, mesh);
                         self.handle(node, Event::Tick);
-                        let state = &self.nodes[node].state;
-                        let wait = if state.urgent() {
-                            us(DETECT_TICK)
-                        } else {
-                            let timed = state.next_timed().saturating_sub(self.ms()) * MS;
-                            us(IDLE_DETECT_TICK).min(timed)
-                        };
-                        self.nodes[node].tick_due = self.now + wait;
+                        let due = self.nodes[node].state.next_tick(self.ms());
+                        self.nodes[node].tick_due = due * MS;
                     }
                     self.at(self.now + us(DETECT_TICK), Ev::Tick { node, epoch });
                 }

@@ -82,12 +82,6 @@ pub const REDIAL_MIN: Duration = Duration::from_secs(1);
 pub const REDIAL_MAX: Duration = Duration::from_secs(60);
 /// How long a leaving node keeps polling the swarm so that its goodbye goes out.
 pub const LEAVE_FLUSH: Duration = Duration::from_millis(300);
-/// How often suspicions are checked for their timeout (failure detection), while one is open or the
-/// connection target has work (`proto::State::urgent`).
-pub const DETECT_TICK: Duration = Duration::from_millis(100);
-/// How often the protocol state ticks otherwise: what it then does (lapsed fetch claims and bans, the
-/// shuffle) is due in seconds. A state that becomes urgent is ticked `DETECT_TICK` later.
-pub const IDLE_DETECT_TICK: Duration = Duration::from_secs(1);
 /// How often mDNS asks the LAN who is there (libp2p's default: 5 min). Only the lower PeerId of a pair
 /// dials, so a node whose first query went out before its neighbour was up must ask again soon, or the
 /// pair stays apart until the next query.
@@ -337,28 +331,28 @@ struct EventLoop {
 impl EventLoop {
     async fn run(mut self) {
         let mut heartbeat = interval(self.config.heartbeat_interval);
-        // The forward tick's times are those of the heartbeat's, so that this node's own heartbeat goes
-        // out with a tick's forwards; the timer is armed only while forwards are held.
+        // The times of the forward tick are the heartbeat's and every `FORWARD_TICK` between, so that
+        // this node's own heartbeat goes out with a tick's forwards.
         let grid = Instant::now();
-        let mut forward = interval(FORWARD_TICK);
-        let mut forwarding = false;
         let mut sync = interval(SYNC_INTERVAL);
         let mut redial = interval(REDIAL_MIN);
         let mut lan_redial = interval(MDNS_QUERY_INTERVAL);
-        // The first detection tick at once, then as `next_detect_tick` says.
-        let mut detect_at = Instant::now();
-        let detect = tokio::time::sleep_until(detect_at);
-        tokio::pin!(detect);
-        for timer in [&mut heartbeat, &mut forward, &mut sync, &mut redial, &mut lan_redial] {
+        for timer in [&mut heartbeat, &mut sync, &mut redial, &mut lan_redial] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
+        // Two timers that wake the loop only when they have work (a wake-up polls the whole swarm): the
+        // forward tick, armed while forwards are held, and the protocol state's tick (at once, then at
+        // `State::next_tick`).
+        let forward = tokio::time::sleep_until(grid);
+        let mut forwarding = false;
+        let mut detect_at = Instant::now();
+        let detect = tokio::time::sleep_until(detect_at);
+        tokio::pin!(forward, detect);
         loop {
-            // Timers that wake the loop only when they have work: a wake-up polls the whole swarm.
             if !forwarding && !self.held.is_empty() {
-                forward.reset_at(next_tick(grid, FORWARD_TICK, Instant::now()));
+                forward.as_mut().reset(next_tick(grid, FORWARD_TICK, Instant::now()));
                 forwarding = true;
             }
-            // Sooner, never later: while the state stays urgent, events do not put its tick off.
             let due = self.next_detect_tick();
             if due < detect_at {
                 detect_at = due;
@@ -378,7 +372,7 @@ impl EventLoop {
                     None => return,
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
-                _ = forward.tick(), if forwarding => {
+                () = &mut forward, if forwarding => {
                     forwarding = false;
                     self.forward_held();
                 }
@@ -394,15 +388,10 @@ impl EventLoop {
         }
     }
 
-    /// When the protocol state next wants its detection tick: `DETECT_TICK` from now while it is urgent,
-    /// otherwise `IDLE_DETECT_TICK` from now or at its next timed decision if sooner.
+    /// When the protocol state wants its next tick ([`State::next_tick`]), on the runtime's clock.
     fn next_detect_tick(&self) -> Instant {
-        let now = Instant::now();
-        if self.state.urgent() {
-            return now + DETECT_TICK;
-        }
-        let timed = Duration::from_millis(self.state.next_timed().saturating_sub(now_millis()));
-        now + IDLE_DETECT_TICK.min(timed)
+        let now = now_millis();
+        Instant::now() + Duration::from_millis(self.state.next_tick(now).saturating_sub(now))
     }
 
     /// Publishes on `topic`; false when gossipsub had no peer to send it to.

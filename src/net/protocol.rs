@@ -29,9 +29,9 @@ impl EventLoop {
         self.swarm.behaviour_mut().gate.set_open(open);
     }
 
-    /// At each detection tick (`DETECT_TICK` while the state is urgent, `IDLE_DETECT_TICK` otherwise):
-    /// suspicions, lapsed claims and bans, and the connection target, which never asks a bootstrap peer
-    /// to part, and a gossip mesh peer only when no other is left.
+    /// At each of the protocol state's ticks (`State::next_tick`): suspicions, lapsed claims and bans,
+    /// and the connection target, which never asks a bootstrap peer to part, and a gossip mesh peer
+    /// only when no other is left.
     pub(super) fn on_detect_tick(&mut self) {
         let mesh: BTreeSet<PeerId> = self.swarm.behaviour().gossipsub.all_mesh_peers().copied().collect();
         let bootstrap = self.bootstrap.iter().filter_map(|b| b.peer.or(b.learned)).collect();

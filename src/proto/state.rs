@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use libp2p::identity::PeerId;
 use rand::rngs::StdRng;
@@ -25,6 +26,13 @@ use crate::defaults::{
     FETCH_BATCH, HEARTBEATS_FROM_PEERS, MAX_LIST_FETCHES, MAX_PENDING_FETCHES, MAX_RECONCILING,
     MAX_SYNC_IN_FLIGHT,
 };
+
+/// How often the state is ticked while it is [`urgent`](State::urgent): a suspicion is checked for its
+/// timeout (failure detection), the connection target dials or asks to part.
+pub const DETECT_TICK: Duration = Duration::from_millis(100);
+/// How often the state is ticked otherwise: what a tick then does (lapsed fetch claims and bans, the
+/// shuffle, which [`State::next_tick`] keeps to its time) is due in seconds.
+pub const IDLE_DETECT_TICK: Duration = Duration::from_secs(1);
 
 /// A question to a peer over the sync protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +100,7 @@ pub enum Event {
     Refused { peer: PeerId, count: u32 },
     /// Time for an anti-entropy round with one random peer (every `SYNC_INTERVAL`).
     SyncTimer,
-    /// Time to check suspicions and lapse old claims and bans: every `DETECT_TICK` while the state is
-    /// [`urgent`](State::urgent), otherwise every `IDLE_DETECT_TICK` or at
-    /// [`next_timed`](State::next_timed) if sooner.
+    /// Time to check suspicions and lapse old claims and bans, at [`State::next_tick`].
     Tick,
 }
 
@@ -236,18 +242,22 @@ impl State {
     }
 
     /// Whether a tick is due within `DETECT_TICK`: a suspicion is open (its timeout decides within a
-    /// second), or the connection target has peers to dial or to ask to part. When not, nothing a tick
-    /// decides is due sooner than in seconds (fetch claims, bans, the shuffle), and the shell ticks
-    /// every `IDLE_DETECT_TICK`, or sooner at [`next_timed`](Self::next_timed): a node at rest is not
-    /// woken ten times a second for nothing.
+    /// second), or the connection target has peers to dial or to ask to part.
     pub fn urgent(&self) -> bool {
         self.membership.suspecting() || self.target.unsettled()
     }
 
-    /// When a tick next has a decision due by the clock alone: the connection target's shuffle (0: at
-    /// the next tick). Everything else a tick lapses may wait `IDLE_DETECT_TICK`.
-    pub fn next_timed(&self) -> Millis {
-        self.target.next_shuffle()
+    /// When the next [`Event::Tick`] is due, asked after a tick at `now`: `DETECT_TICK` later while the
+    /// state is [`urgent`](Self::urgent); otherwise `IDLE_DETECT_TICK` later, or at the connection
+    /// target's shuffle if sooner (everything else a tick lapses, fetch claims and bans, may wait a
+    /// second). A node at rest is not woken ten times a second for nothing. Asked again after any other
+    /// event, the earlier of the two answers holds: a state that turns urgent is ticked `DETECT_TICK`
+    /// later, and one that stays urgent is not put off by events.
+    pub fn next_tick(&self, now: Millis) -> Millis {
+        if self.urgent() {
+            return now + DETECT_TICK.as_millis() as Millis;
+        }
+        (now + IDLE_DETECT_TICK.as_millis() as Millis).min(self.target.next_shuffle().max(now))
     }
 
     /// The connection target's view of this node's peers.
@@ -736,6 +746,27 @@ mod tests {
         assert!(sends(&actions).is_empty() && !actions.contains(&Action::Redial(quiet)), "{actions:?}");
         let later = s.handle(Event::Tick, 60_000);
         assert!(!later.contains(&Action::Declare(quiet)));
+    }
+
+    #[test]
+    fn it_is_ticked_every_100_ms_only_while_a_decision_is_due_within_a_second() {
+        // No low bound: the connection target has nothing to dial, so suspicions alone decide.
+        let mut s = State::new(Config { peers: Bounds { low: 0, high: 16 }, ..CONFIG }, 5);
+        assert_eq!(s.next_tick(0), 0, "the first shuffle is due at once");
+        s.handle(Event::Tick, 0);
+        assert_eq!(s.next_tick(0), 1_000, "at rest: a second");
+        let shuffle = crate::defaults::SHUFFLE_INTERVAL.as_millis() as Millis;
+        assert_eq!(s.next_tick(shuffle - 300), shuffle, "the shuffle keeps its time");
+        let (helper, peer) = (PeerId::random(), PeerId::random());
+        s.handle(Event::Connected(helper), 10);
+        s.handle(Event::Connected(peer), 10);
+        assert_eq!(s.next_tick(20), 1_020);
+        s.handle(Event::Closed { peer, watched: true, silent: false }, 30);
+        assert_eq!(s.next_tick(30), 130, "a suspicion's timeout is a second away");
+        // Declared at the timeout (the redial never connected), and at rest again.
+        let timeout = 30 + crate::defaults::SUSPECT_TIMEOUT.as_millis() as Millis;
+        assert!(s.handle(Event::Tick, timeout).contains(&Action::Declare(peer)));
+        assert_eq!(s.next_tick(timeout), timeout + 1_000);
     }
 
     #[test]

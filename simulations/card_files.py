@@ -12,13 +12,12 @@ member's are compared with in `mesh_memory.py`).
 """
 
 import argparse
-import json
 import os
 import tempfile
 import time
 
 from daemon import Daemon, cpu_ticks, rss_mb
-from mesh_bench import card
+from mesh_bench import write_cards
 
 
 def start(binary, data_dir, extra):
@@ -36,11 +35,7 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentmesh-cards-") as work:
         cards = os.path.join(work, "cards")
-        os.makedirs(cards)
-        for i in range(args.agents):
-            agent_id = f"steady-{i:05d}"
-            with open(os.path.join(cards, agent_id + ".json"), "w") as f:
-                json.dump(card(agent_id), f)
+        write_cards(cards, [f"steady-{i:05d}" for i in range(args.agents)])
         data = os.path.join(work, "data")
         for what, extra in [("first start, card files", ["--card", cards]),
                             ("second start, the same card files", ["--card", cards])]:

@@ -6,66 +6,61 @@
 
 For each round and each binary in turn (so that binaries alternate), writes `--agents` card files (the
 cards of `mesh_bench.py`), starts the daemon on a fresh data directory with them, waits `--wait` seconds
-and then measures over `--seconds`: the CPU time of all its threads (from each thread's
-`/proc/PID/task/TID/schedstat`, in nanoseconds) and its context switches (voluntary and not, from
-`/proc/PID/task/TID/status`), each per second of wall time.
+and then measures over `--seconds`: the CPU time of its threads (from each thread's
+`/proc/PID/task/TID/schedstat`, in nanoseconds) and their context switches (voluntary and not, from
+`/proc/PID/task/TID/status`), each per second of wall time. A thread that ends inside the window takes
+its share of it along (an undercount); at rest a node's threads do not end.
 """
 
 import argparse
-import json
 import os
 import tempfile
 import time
 
 from daemon import Daemon
-from mesh_bench import card
+from mesh_bench import write_cards
 
 
-def threads(pid):
-    return [os.path.join(f"/proc/{pid}/task", t) for t in os.listdir(f"/proc/{pid}/task")]
-
-
-def cpu_ns(pid):
-    total = 0
-    for task in threads(pid):
+def per_thread(pid):
+    """{thread id: (CPU ns, context switches)} of every thread of `pid` now."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        task = f"/proc/{pid}/task/{tid}"
         try:
             with open(os.path.join(task, "schedstat")) as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended: its time is in no later sample either
-    return total
-
-
-def switches(pid):
-    total = 0
-    for task in threads(pid):
-        try:
+                cpu = int(f.read().split()[0])
             with open(os.path.join(task, "status")) as f:
-                total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+                switched = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
         except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total
+            continue  # ended between the listing and the read
+        out[tid] = (cpu, switched)
+    return out
+
+
+def window(before, after):
+    """CPU ns and context switches between two samples: a thread started meanwhile counts from zero;
+    one that ended meanwhile is missing from the second sample, and what it spent in the window with
+    it (an undercount, never a negative)."""
+    cpu = sum(c - before.get(tid, (0, 0))[0] for tid, (c, _) in after.items())
+    switched = sum(s - before.get(tid, (0, 0))[1] for tid, (_, s) in after.items())
+    return cpu, switched
 
 
 def measure(binary, agents, wait, seconds):
     with tempfile.TemporaryDirectory(prefix="agentmesh-lone-") as work:
         cards = os.path.join(work, "cards")
-        os.makedirs(cards)
-        for i in range(agents):
-            agent_id = f"lone-{i:05d}"
-            with open(os.path.join(cards, agent_id + ".json"), "w") as f:
-                json.dump(card(agent_id), f)
+        write_cards(cards, [f"lone-{i:05d}" for i in range(agents)])
         daemon = Daemon(binary, os.path.join(work, "data"), ["--card", cards])
         try:
             time.sleep(wait)
             pid = daemon.proc.pid
-            cpu0, sw0, t0 = cpu_ns(pid), switches(pid), time.monotonic()
+            before, t0 = per_thread(pid), time.monotonic()
             time.sleep(seconds)
-            cpu1, sw1, t1 = cpu_ns(pid), switches(pid), time.monotonic()
+            after, t1 = per_thread(pid), time.monotonic()
         finally:
             daemon.stop()
-    elapsed = t1 - t0
-    return (cpu1 - cpu0) / 1e6 / elapsed, (sw1 - sw0) / elapsed
+    cpu, switched = window(before, after)
+    return cpu / 1e6 / (t1 - t0), switched / (t1 - t0)
 
 
 def main():

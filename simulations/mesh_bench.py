@@ -75,10 +75,7 @@ class Node:
     def preload(self, agent_ids):
         """Card files this node registers at start (`--card DIR`)."""
         self.cards = os.path.join(self.dir, "cards")
-        os.makedirs(self.cards, exist_ok=True)
-        for agent_id in agent_ids:
-            with open(os.path.join(self.cards, agent_id + ".json"), "w") as f:
-                json.dump(card(agent_id), f)
+        write_cards(self.cards, agent_ids)
 
     def start(self, bootstrap):
         args = [BIN, "run", "--data-dir", self.dir, "--http", f"127.0.0.1:{HTTP_BASE + self.index}",
@@ -149,6 +146,14 @@ def card(agent_id, tag="bench"):
             "reasoners": [{"id": "work", "tags": [tag],
                            "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
             "skills": [{"id": "lookup", "tags": [tag]}]}
+
+
+def write_cards(directory, agent_ids):
+    """One card file per agent (`card(agent_id)`), for a daemon's `--card DIR`."""
+    os.makedirs(directory, exist_ok=True)
+    for agent_id in agent_ids:
+        with open(os.path.join(directory, agent_id + ".json"), "w") as f:
+            json.dump(card(agent_id), f)
 
 
 def time_until_all(nodes, predicate):

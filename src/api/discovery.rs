@@ -10,7 +10,7 @@
 //! query looked at would change health by itself. Both tags are read before the result is computed, so
 //! a change that races with the computation makes the entry stale at once rather than wrong.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -44,9 +44,43 @@ struct Cached {
 struct CacheState {
     /// (snapshot generation, health epoch) every entry below belongs to.
     tag: (u64, u64),
-    entries: HashMap<String, Cached>,
+    /// Each entry with the number of its insertion.
+    entries: HashMap<String, (u64, Cached)>,
+    /// Keys in insertion order, each with the number it was inserted under: an entry inserted again
+    /// since is no longer that number, and its older place is skipped.
+    order: VecDeque<(u64, String)>,
+    inserted: u64,
     /// Sum of the cached bodies' lengths.
     bytes: usize,
+}
+
+impl CacheState {
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.order.clear();
+        self.bytes = 0;
+    }
+
+    /// Drops the oldest entry; false when there is none.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((n, key)) = self.order.pop_front() {
+            if self.entries.get(&key).is_some_and(|(at, _)| *at == n) {
+                if let Some((_, gone)) = self.entries.remove(&key) {
+                    self.bytes -= gone.body.len();
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Forgets the places of entries inserted again since, once they outnumber the entries.
+    fn compact_order(&mut self) {
+        if self.order.len() > 2 * self.entries.len() + 16 {
+            let entries = &self.entries;
+            self.order.retain(|(n, key)| entries.get(key).is_some_and(|(at, _)| at == n));
+        }
+    }
 }
 
 /// Rendered discovery responses keyed by the canonical query.
@@ -66,10 +100,10 @@ impl ResponseCache {
         if state.tag != tag {
             return None;
         }
-        state.entries.get(key).filter(|c| now < c.expires).cloned()
+        state.entries.get(key).map(|(_, c)| c).filter(|c| now < c.expires).cloned()
     }
 
-    fn put(&self, key: String, tag: (u64, u64), value: Cached, now: Millis) {
+    fn put(&self, key: String, tag: (u64, u64), value: Cached) {
         let size = value.body.len();
         if key.len() > CACHE_MAX_KEY_BYTES || size > CACHE_MAX_BYTES / 8 {
             return;
@@ -81,20 +115,24 @@ impl ResponseCache {
                 return;
             }
             state.tag = tag;
-            state.entries.clear();
-            state.bytes = 0;
+            state.clear();
         }
-        if state.entries.len() >= CACHE_ENTRIES || state.bytes + size > CACHE_MAX_BYTES {
-            state.entries.retain(|_, c| c.expires > now);
-            if state.entries.len() >= CACHE_ENTRIES || state.bytes + size > CACHE_MAX_BYTES {
-                state.entries.clear();
-            }
-            state.bytes = state.entries.values().map(|c| c.body.len()).sum();
-        }
-        if let Some(old) = state.entries.insert(key, value) {
+        if let Some((_, old)) = state.entries.remove(&key) {
             state.bytes -= old.body.len();
         }
+        // The oldest go first, one at a time: under a load of queries new to the cache each answer
+        // frees one older answer, so their buffers go back to the pool as steadily as they are taken.
+        while state.entries.len() >= CACHE_ENTRIES || state.bytes + size > CACHE_MAX_BYTES {
+            if !state.evict_oldest() {
+                break;
+            }
+        }
+        state.inserted += 1;
+        let n = state.inserted;
+        state.order.push_back((n, key.clone()));
+        state.entries.insert(key, (n, value));
         state.bytes += size;
+        state.compact_order();
     }
 }
 
@@ -177,7 +215,7 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
     let cached = Cached { body: Bytes::from(body), format: query.format, expires, total_agents, returned };
-    app.cache.put(key, tag, cached.clone(), now);
+    app.cache.put(key, tag, cached.clone());
     Ok((cached, false))
 }
 
@@ -201,4 +239,70 @@ fn respond(cached: Cached, cache: &'static str) -> Response {
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(X_CACHE, HeaderValue::from_static(cache));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(bytes: usize) -> Cached {
+        Cached {
+            body: Bytes::from(vec![b' '; bytes]),
+            format: Format::Json,
+            expires: 1_000,
+            total_agents: 0,
+            returned: 0,
+        }
+    }
+
+    fn held(cache: &ResponseCache) -> Vec<String> {
+        let state = cache.state.lock().unwrap();
+        let mut keys: Vec<String> = state.entries.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// A full cache makes room by dropping its oldest answers, one at a time, not every answer at once.
+    #[test]
+    fn a_full_cache_drops_its_oldest_answers_first() {
+        let cache = ResponseCache::default();
+        let size = CACHE_MAX_BYTES / 8;
+        for n in 0..8 {
+            cache.put(format!("q{n}"), (1, 0), answer(size));
+        }
+        assert_eq!(cache.bytes(), CACHE_MAX_BYTES);
+        cache.put("q8".into(), (1, 0), answer(size));
+        assert_eq!(held(&cache), ["q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8"]);
+        assert!(cache.get("q8", (1, 0), 0).is_some());
+        // Answered again, an answer counts as new: after q1, q3 is the oldest.
+        cache.put("q2".into(), (1, 0), answer(size));
+        cache.put("q9".into(), (1, 0), answer(size));
+        cache.put("q10".into(), (1, 0), answer(size));
+        assert_eq!(held(&cache), ["q10", "q2", "q4", "q5", "q6", "q7", "q8", "q9"]);
+        assert_eq!(cache.bytes(), CACHE_MAX_BYTES);
+    }
+
+    #[test]
+    fn answers_of_an_older_view_are_dropped_and_never_replace_newer_ones() {
+        let cache = ResponseCache::default();
+        cache.put("q".into(), (2, 0), answer(10));
+        assert!(cache.get("q", (2, 1), 0).is_none(), "the health epoch moved");
+        cache.put("old".into(), (1, 5), answer(10));
+        assert_eq!(held(&cache), ["q"]);
+        cache.put("new".into(), (3, 0), answer(10));
+        assert_eq!((held(&cache), cache.bytes()), (vec!["new".to_string()], 10));
+    }
+
+    /// The same query answered again and again keeps one entry, and the insertion order does not grow
+    /// with the answers.
+    #[test]
+    fn the_order_of_answers_stays_bounded_by_the_entries() {
+        let cache = ResponseCache::default();
+        for _ in 0..10_000 {
+            cache.put("same".into(), (1, 0), answer(100));
+        }
+        let state = cache.state.lock().unwrap();
+        assert_eq!((state.entries.len(), state.bytes), (1, 100));
+        assert!(state.order.len() <= 2 * state.entries.len() + 17, "{}", state.order.len());
+    }
 }

@@ -100,6 +100,13 @@ pub const CACHE_ENTRIES: usize = 1024;
 /// 80 pages of 100 agents with their schemas: the cache is for the same query asked again (dashboards,
 /// agents polling); a page it does not hold is assembled from prepared records anyway.
 pub const CACHE_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// Bytes of empty response buffers kept to write the next answers into (`api::render::buffers`): a
+/// buffer allocated afresh is written into pages the kernel must fault in one by one.
+pub const RESPONSE_POOL_BYTES: usize = 1024 * 1024;
+/// Buffers smaller than this are not kept: small bodies cost the allocator little.
+pub const RESPONSE_POOL_MIN_BUFFER: usize = 16 * 1024;
+/// Buffers larger than this are not kept: a rare large body should not stay.
+pub const RESPONSE_POOL_MAX_BUFFER: usize = 1024 * 1024;
 /// Discovery queries computed at once (cache misses); the rest wait their turn. Matches the cores a
 /// sidecar can expect: more in parallel only adds memory.
 pub const DISCOVERY_CONCURRENCY: usize = 2;

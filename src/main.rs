@@ -69,7 +69,8 @@ const COLLECT_INTERVAL: Duration = Duration::from_secs(1);
 /// reuses what it frees anyway, an idle one would keep it indefinitely (`heap::collect_thread`: a node
 /// that had just caught up with a mesh of 10,000 agents held 7 MB that way, most of it on the two
 /// runtime workers, until each thread collected; BENCHMARKS.md, "Memory"). What sled deferred on the thread
-/// is freed first (`store::release_deferred`), so the same collect hands it back. Not during a burst
+/// is freed first (`store::release_deferred`), and so are response buffers no answer asked for a while
+/// (`api::render::buffers::trim`), so the same collect hands them back. Not during a burst
 /// of allocation (`heap::bursting`): the first collect after it hands back what it kept.
 fn collect_when_idle() {
     thread_local! {
@@ -79,6 +80,7 @@ fn collect_when_idle() {
         let now = Instant::now();
         if last.get().is_none_or(|at| now.duration_since(at) >= COLLECT_INTERVAL) {
             last.set(Some(now));
+            agentmesh::api::render::buffers::trim();
             agentmesh::registry::store::release_deferred();
             if !agentmesh::heap::bursting() {
                 agentmesh::heap::collect_thread();

@@ -214,7 +214,8 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
     let (body, valid_until, total_agents, returned) = if light { compute() } else { off_the_worker(compute) };
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
-    let cached = Cached { body: Bytes::from(body), format: query.format, expires, total_agents, returned };
+    let cached =
+        Cached { body: render::buffers::share(body), format: query.format, expires, total_agents, returned };
     app.cache.put(key, tag, cached.clone());
     Ok((cached, false))
 }

@@ -2,6 +2,7 @@
 //! returns the body bytes. Page hits are read through [`CardRef`](crate::card::held::CardRef), a
 //! zero-copy view of the held card.
 
+pub mod buffers;
 pub mod compact;
 pub mod json;
 pub mod prepared;

@@ -8,8 +8,11 @@
 #   2. closed loop, wrk, 1,000 connections, random pages of 100 (every query new to the cache);
 #   3. fixed rate, oha, 1,000 req/s over 1,000 connections, latency corrected for coordinated omission;
 # with the daemon's RSS after each. Installs wrk and nginx (Debian) and oha (crates.io) when missing.
+# The daemon's page faults (minor, /proc/PID/stat) are printed after each closed-loop run.
 # Usage: simulations/bench-http.sh            (env: AGENTS, PORT, DURATION; FIXED_RATE=0 skips step 3
-#                                               and the oha install, which builds it from source)
+#                                               and the oha install, which builds it from source; BIN, a
+#                                               daemon binary to measure instead of building this tree's;
+#                                               POPULATE_BIN, the discovery bench's binary to populate with)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,9 +31,17 @@ if [ "$FIXED_RATE" != 0 ] && ! command -v oha >/dev/null; then
 fi
 ulimit -n "$(ulimit -Hn)"  # 1,000 connections need more than the usual 1,024 descriptors
 
-cargo build --release --quiet
+BIN=${BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=target/release/agentmesh
+fi
 work=$(mktemp -d)
-cargo bench --quiet --bench discovery -- --populate "$work/data" "$AGENTS"
+if [ -n "${POPULATE_BIN:-}" ]; then
+  "$POPULATE_BIN" --populate "$work/data" "$AGENTS"
+else
+  cargo bench --quiet --bench discovery -- --populate "$work/data" "$AGENTS"
+fi
 # A node holding more local agents than the default limit is configured for them.
 limit=$((AGENTS > 20000 ? AGENTS : 20000))
 
@@ -46,7 +57,7 @@ trap cleanup EXIT
 start_daemon() {
   local started
   started=$(date +%s%N)
-  target/release/agentmesh run --data-dir "$work/data" --http "127.0.0.1:$PORT" --no-mdns \
+  "$BIN" run --data-dir "$work/data" --http "127.0.0.1:$PORT" --no-mdns \
     --listen /ip4/127.0.0.1/tcp/0 --max-agents-per-publisher "$limit" --log-format json \
     2>>"$work/daemon.log" &
   pid=$!
@@ -61,6 +72,8 @@ start_daemon() {
 stop_daemon() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 
 rss() { awk '/VmRSS|VmHWM/ {printf "%s %d MB  ", $1, $2/1024}' "/proc/$pid/status"; echo; }
+# The daemon's minor page faults so far (field 10 of /proc/PID/stat; the name in field 2 has no spaces).
+faults() { awk '{print $10}' "/proc/$pid/stat"; }
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(awk '/MemTotal/ {printf "%d GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
 
 echo "== start-up with $AGENTS agents"
@@ -76,7 +89,9 @@ start_daemon
 echo "rss after start: $(rss)"
 
 echo "== closed loop, cached query, wrk -t1 -c1000 -d${DURATION}s"
+before=$(faults)
 wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$PORT$QUERY"
+echo "page faults during the run: $(( $(faults) - before ))"
 echo "rss: $(rss)"
 
 echo "== the same bytes from nginx (sendfile, $(nproc) workers), wrk -t1 -c1000 -d${DURATION}s"
@@ -106,7 +121,9 @@ wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$NGINX_PORT/page.jso
 kill "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
 
 echo "== closed loop, uncached queries, wrk -t1 -c1000 -d${DURATION}s -s simulations/wrk-uncached.lua"
+before=$(faults)
 AGENTS=$AGENTS wrk -t1 -c1000 -d"${DURATION}s" --latency -s simulations/wrk-uncached.lua "http://127.0.0.1:$PORT"
+echo "page faults during the run: $(( $(faults) - before ))"
 echo "rss: $(rss)"
 
 if [ "$FIXED_RATE" != 0 ]; then

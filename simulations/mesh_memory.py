@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, mesh_arguments, populate, rss_mb, wait_full_view
+from daemon import Daemon, mesh_arguments, populate, records, rss_mb, status_mb, wait_full_view
 
 
 def spread(values):
@@ -48,11 +48,13 @@ def main():
         took = wait_full_view(members, opts.agents, opts.timeout)
         print(f"{opts.publishers} publishers, {opts.agents} agents: full view {took:.1f} s "
               "after the last started", flush=True)
-        print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB)")
+        print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB) | of it anonymous")
         for _ in range(opts.samples):
             live = [m.heap_live_mb() or 0.0 for m in members]
             resident = [rss_mb(m.proc.pid) for m in members]
-            print(f"{time.time() - started:6.0f} s | {spread(live)} | {spread(resident)}", flush=True)
+            anonymous = [status_mb(m.proc.pid, "RssAnon") for m in members]
+            print(f"{time.time() - started:6.0f} s | {spread(live)} | {spread(resident)} | {spread(anonymous)}",
+                  flush=True)
             time.sleep(opts.every)
         # Who holds the most and the least, by start order (0 started first).
         order = sorted(range(len(members)), key=lambda i: live[i])
@@ -64,7 +66,22 @@ def main():
         # As long as the others had between their full view and their first sample, and more.
         time.sleep(30)
         print(f"restarted on its data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
-              f"resident {rss_mb(members[0].proc.pid):.1f} MB", flush=True)
+              f"resident {rss_mb(members[0].proc.pid):.1f} MB (anonymous {status_mb(members[0].proc.pid, 'RssAnon'):.1f})",
+              flush=True)
+        # The same data directory once more, with the mesh gone: a lone node holding the same view.
+        for m in members:
+            m.stop()
+        members[0] = Daemon(opts.bin, dirs[0], [])
+        # Alone, the others' agents are not `active` for long: wait until it holds them all.
+        deadline = time.time() + opts.timeout
+        while sum(records(members[0]).values()) < opts.agents:
+            if time.time() > deadline:
+                raise SystemExit("the lone node: not every agent within the timeout")
+            time.sleep(0.5)
+        time.sleep(30)
+        print(f"alone on the same data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
+              f"resident {rss_mb(members[0].proc.pid):.1f} MB (anonymous {status_mb(members[0].proc.pid, 'RssAnon'):.1f})",
+              flush=True)
     finally:
         for m in members:
             m.stop()

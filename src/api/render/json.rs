@@ -214,7 +214,9 @@ fn write(p: &Prepared, hit: &Hit<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(br#","lifecycle":"#);
     json(out, hit.entry.lifecycle().as_str());
     out.extend_from_slice(p.piece(1));
-    json(out, &rfc3339(hit.last_heartbeat.unwrap_or(hit.entry.updated_at)));
+    out.push(b'"');
+    crate::clock::write_rfc3339(hit.last_heartbeat.unwrap_or(hit.entry.updated_at), out);
+    out.push(b'"');
     out.extend_from_slice(p.piece(2));
     Prepared::caps(&p.reasoners, &hit.reasoners, b",", out);
     out.extend_from_slice(br#"],"skills":["#);

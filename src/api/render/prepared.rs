@@ -48,18 +48,24 @@ pub struct Prepared {
     /// Each reasoner's and each skill's bytes, in card order.
     pub reasoners: Box<[Box<[u8]>]>,
     pub skills: Box<[Box<[u8]>]>,
+    /// The sum of every part's length, counted once: a page asks it of each of its records, and
+    /// walking the parts again read memory the copy would not otherwise touch.
+    len: usize,
+    /// The number of parts.
+    parts: usize,
 }
 
 impl Prepared {
     pub fn new(pieces: Vec<Vec<u8>>, reasoners: Vec<Vec<u8>>, skills: Vec<Vec<u8>>) -> Prepared {
+        let all = || pieces.iter().chain(&reasoners).chain(&skills);
+        let (len, parts) = (all().map(Vec::len).sum(), all().count());
         let boxed = |list: Vec<Vec<u8>>| list.into_iter().map(Vec::into_boxed_slice).collect();
-        Prepared { pieces: boxed(pieces), reasoners: boxed(reasoners), skills: boxed(skills) }
+        Prepared { pieces: boxed(pieces), reasoners: boxed(reasoners), skills: boxed(skills), len, parts }
     }
 
     /// Bytes held (an estimate that counts the allocations' overhead).
     pub fn bytes(&self) -> usize {
-        let parts = self.pieces.iter().chain(self.reasoners.iter()).chain(self.skills.iter());
-        parts.map(|p| p.len() + 32).sum::<usize>() + 128
+        self.len + 32 * self.parts + 128
     }
 
     /// The piece at `n`, empty when the format made fewer.

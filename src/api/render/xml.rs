@@ -115,7 +115,7 @@ pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &Prep
         out.extend_from_slice(p.piece(0));
         out.extend_from_slice(hit.health.as_str().as_bytes());
         out.extend_from_slice(p.piece(1));
-        out.extend_from_slice(rfc3339(hit.last_heartbeat.unwrap_or(hit.entry.updated_at)).as_bytes());
+        crate::clock::write_rfc3339(hit.last_heartbeat.unwrap_or(hit.entry.updated_at), &mut out);
         out.extend_from_slice(p.piece(2));
         Prepared::caps(&p.reasoners, &hit.reasoners, b"", &mut out);
         out.extend_from_slice(b"</reasoners><skills>");

@@ -67,11 +67,12 @@ impl Pool {
         }
     }
 
-    /// Keeps `buffer` for a later [`take`](Self::take) when it is of a size the pool holds and there
-    /// is room; else frees it.
+    /// Keeps `buffer` for a later [`take`](Self::take) when it is of a size class the pool holds and
+    /// there is room; else frees it. A body that outgrew its buffer is of no class, and no take would
+    /// ever find it.
     pub fn give(&self, mut buffer: Vec<u8>) {
         let size = buffer.capacity();
-        if !pooled(size) {
+        if !pooled(size) || class(size) != size {
             return;
         }
         let mut state = self.state();
@@ -183,7 +184,8 @@ mod tests {
         let now = Instant::now();
         pool.give(Vec::with_capacity(RESPONSE_POOL_MIN_BUFFER - 1));
         pool.give(Vec::with_capacity(RESPONSE_POOL_MAX_BUFFER + 1));
-        assert_eq!(pool.held(), 0, "too small and too large are freed");
+        pool.give(Vec::with_capacity(PAGE + 1));
+        assert_eq!(pool.held(), 0, "too small, too large and of no class are freed");
         for _ in 0..RESPONSE_POOL_BYTES / PAGE + 5 {
             pool.give(Vec::with_capacity(PAGE));
         }

@@ -45,8 +45,9 @@ impl Pool {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// An empty buffer with room for at least `capacity` bytes, of the size class of `capacity`
-    /// ([`class`]): a held one when there is one of that class, else a new one.
+    /// An empty buffer with room for at least `capacity` bytes, of the size class of `capacity` (the
+    /// next of eight steps between two powers of two): a held one when there is one of that class, else
+    /// a new one.
     pub fn take(&self, capacity: usize, now: Instant) -> Vec<u8> {
         if !pooled(capacity) {
             return Vec::with_capacity(capacity);

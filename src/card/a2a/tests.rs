@@ -421,3 +421,14 @@ fn fixture_cards_with_a_field_removed_or_retyped_are_refused_or_sound() {
     }
     assert!(accepted > 0 && refused > 0, "{accepted} accepted, {refused} refused");
 }
+
+/// The JWS signing input is `protected.payload`, the payload in unpadded base64url, at every length
+/// the encoding pads differently.
+#[test]
+fn the_signing_input_is_the_header_a_dot_and_the_payload_in_base64url() {
+    for n in [0usize, 1, 2, 3, 4, 5, 1000, 3001] {
+        let payload: Vec<u8> = (0..n).map(|i| (i * 37 % 256) as u8).collect();
+        let expected = format!("eyJhbGciOiJFZERTQSJ9.{}", URL_SAFE_NO_PAD.encode(&payload));
+        assert_eq!(signing_input("eyJhbGciOiJFZERTQSJ9", &payload), expected, "{n} bytes");
+    }
+}

@@ -377,7 +377,8 @@ impl EventLoop {
                     self.forward_held();
                 }
                 _ = sync.tick() => self.handle(Event::SyncTimer),
-                _ = redial.tick() => self.redial(),
+                // A node with no bootstrap address has nothing to redial: its timer never wakes it.
+                _ = redial.tick(), if !self.bootstrap.is_empty() => self.redial(),
                 _ = lan_redial.tick() => self.dial_lan_peers(),
                 () = &mut detect => {
                     self.on_detect_tick();

@@ -401,3 +401,49 @@ async fn invalid_parameters_get_exact_400s() {
     let (status, _) = n.get(&format!("{CAPS}?colour=blue")).await;
     assert_eq!(status, 200);
 }
+
+/// Answers are written into buffers other answers were written into before (a page over 16 KiB goes
+/// back to a pool once the cache and the connection let go of it): every page of many, each rendered
+/// again after the view changed, reads whole and lists exactly the agents at its offset.
+#[tokio::test]
+async fn pages_written_into_used_buffers_are_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = TestNode::start(config(dir.path())).await;
+    let card = |i: usize, version: &str| {
+        let reasoners: Vec<Value> = (0..6)
+            .map(
+                |r| json!({"id": format!("task-{r}"), "description": format!("{r} {}", "words ".repeat(40))}),
+            )
+            .collect();
+        json!({"agent_id": format!("agent-{i:02}"), "base_url": "http://127.0.0.1:9", "version": version,
+            "reasoners": reasoners})
+    };
+    const AGENTS: usize = 60;
+    const PAGE: usize = 20;
+    for i in 0..AGENTS {
+        n.register(&card(i, "1.0.0")).await;
+    }
+    let ids: Vec<String> = (0..AGENTS).map(|i| format!("agent-{i:02}")).collect();
+    let mut seed = 7u64;
+    for round in 0..12 {
+        // A new view: every cached answer is dropped and its buffer freed for the next ones.
+        n.register(&card(round, &format!("2.0.{round}"))).await;
+        for _ in 0..8 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let offset = (seed >> 33) as usize % (AGENTS - PAGE + 1);
+            let (status, _, body) =
+                n.get_raw(&format!("{CAPS}?limit={PAGE}&offset={offset}&include_descriptions=true")).await;
+            assert_eq!(status, 200);
+            assert!(body.len() > 16 * 1024, "a page the pool keeps: {} bytes", body.len());
+            let page: Value = serde_json::from_str(&body).expect("the whole body is one JSON document");
+            let listed: Vec<&str> = page["capabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["agent_id"].as_str().unwrap())
+                .collect();
+            assert_eq!(listed, ids[offset..offset + PAGE], "round {round}, offset {offset}");
+            assert_eq!(page["total_agents"], AGENTS);
+        }
+    }
+}

@@ -33,6 +33,9 @@ const X_CACHE: &str = "x-cache";
 #[derive(Clone)]
 struct Cached {
     body: Bytes,
+    /// The memory the body holds: its buffer's capacity, which the cache counts (a body in a buffer
+    /// from the pool may have up to a quarter more room than it fills).
+    held: usize,
     format: Format,
     expires: Millis,
     /// Agents that matched, and agents on the page: for the request log.
@@ -50,7 +53,7 @@ struct CacheState {
     /// since is no longer that number, and its older place is skipped.
     order: VecDeque<(u64, String)>,
     inserted: u64,
-    /// Sum of the cached bodies' lengths.
+    /// Sum of the cached bodies' buffers ([`Cached::held`]).
     bytes: usize,
 }
 
@@ -66,7 +69,7 @@ impl CacheState {
         while let Some((n, key)) = self.order.pop_front() {
             if self.entries.get(&key).is_some_and(|(at, _)| *at == n) {
                 if let Some((_, gone)) = self.entries.remove(&key) {
-                    self.bytes -= gone.body.len();
+                    self.bytes -= gone.held;
                 }
                 return true;
             }
@@ -90,7 +93,7 @@ pub struct ResponseCache {
 }
 
 impl ResponseCache {
-    /// Bytes of rendered answers held.
+    /// Bytes of rendered answers held (their buffers' capacities).
     pub fn bytes(&self) -> usize {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
@@ -104,7 +107,7 @@ impl ResponseCache {
     }
 
     fn put(&self, key: String, tag: (u64, u64), value: Cached) {
-        let size = value.body.len();
+        let size = value.held;
         if key.len() > CACHE_MAX_KEY_BYTES || size > CACHE_MAX_BYTES / 8 {
             return;
         }
@@ -118,7 +121,7 @@ impl ResponseCache {
             state.clear();
         }
         if let Some((_, old)) = state.entries.remove(&key) {
-            state.bytes -= old.body.len();
+            state.bytes -= old.held;
         }
         // The oldest go first, one at a time: under a load of queries new to the cache each answer
         // frees one older answer, so their buffers go back to the pool as steadily as they are taken.
@@ -214,8 +217,9 @@ async fn answer(app: &AppState, query: &Query) -> Result<(Cached, bool), ApiErro
     let (body, valid_until, total_agents, returned) = if light { compute() } else { off_the_worker(compute) };
     let max_age = now + CACHE_MAX_AGE.as_millis() as u64;
     let expires = valid_until.map_or(max_age, |t| t.min(max_age));
-    let cached =
-        Cached { body: render::buffers::share(body), format: query.format, expires, total_agents, returned };
+    let held = body.capacity();
+    let body = render::buffers::share(body);
+    let cached = Cached { body, held, format: query.format, expires, total_agents, returned };
     app.cache.put(key, tag, cached.clone());
     Ok((cached, false))
 }
@@ -249,6 +253,7 @@ mod tests {
     fn answer(bytes: usize) -> Cached {
         Cached {
             body: Bytes::from(vec![b' '; bytes]),
+            held: bytes,
             format: Format::Json,
             expires: 1_000,
             total_agents: 0,
@@ -292,6 +297,18 @@ mod tests {
         assert_eq!(held(&cache), ["q"]);
         cache.put("new".into(), (3, 0), answer(10));
         assert_eq!((held(&cache), cache.bytes()), (vec!["new".to_string()], 10));
+    }
+
+    /// A body counts by the memory its buffer holds, not by the bytes it fills.
+    #[test]
+    fn a_body_counts_by_its_buffer() {
+        let cache = ResponseCache::default();
+        let mut roomy = answer(1000);
+        roomy.held = 1250;
+        cache.put("q".into(), (1, 0), roomy);
+        assert_eq!(cache.bytes(), 1250);
+        cache.put("q".into(), (1, 0), answer(1000));
+        assert_eq!(cache.bytes(), 1000, "the answer it replaced no longer counts");
     }
 
     /// The same query answered again and again keeps one entry, and the insertion order does not grow

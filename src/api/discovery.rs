@@ -10,6 +10,7 @@
 //! query looked at would change health by itself. Both tags are read before the result is computed, so
 //! a change that races with the computation makes the entry stale at once rather than wrong.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -67,11 +68,11 @@ impl CacheState {
     /// Drops the oldest entry; false when there is none.
     fn evict_oldest(&mut self) -> bool {
         while let Some((n, key)) = self.order.pop_front() {
-            if self.entries.get(&key).is_some_and(|(at, _)| *at == n) {
-                if let Some((_, gone)) = self.entries.remove(&key) {
-                    self.bytes -= gone.held;
+            if let Entry::Occupied(entry) = self.entries.entry(key) {
+                if entry.get().0 == n {
+                    self.bytes -= entry.remove().1.held;
+                    return true;
                 }
-                return true;
             }
         }
         false
@@ -261,7 +262,7 @@ mod tests {
         }
     }
 
-    fn held(cache: &ResponseCache) -> Vec<String> {
+    fn keys(cache: &ResponseCache) -> Vec<String> {
         let state = cache.state.lock().unwrap();
         let mut keys: Vec<String> = state.entries.keys().cloned().collect();
         keys.sort();
@@ -278,13 +279,13 @@ mod tests {
         }
         assert_eq!(cache.bytes(), CACHE_MAX_BYTES);
         cache.put("q8".into(), (1, 0), answer(size));
-        assert_eq!(held(&cache), ["q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8"]);
+        assert_eq!(keys(&cache), ["q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8"]);
         assert!(cache.get("q8", (1, 0), 0).is_some());
         // Answered again, an answer counts as new: after q1, q3 is the oldest.
         cache.put("q2".into(), (1, 0), answer(size));
         cache.put("q9".into(), (1, 0), answer(size));
         cache.put("q10".into(), (1, 0), answer(size));
-        assert_eq!(held(&cache), ["q10", "q2", "q4", "q5", "q6", "q7", "q8", "q9"]);
+        assert_eq!(keys(&cache), ["q10", "q2", "q4", "q5", "q6", "q7", "q8", "q9"]);
         assert_eq!(cache.bytes(), CACHE_MAX_BYTES);
     }
 
@@ -294,9 +295,9 @@ mod tests {
         cache.put("q".into(), (2, 0), answer(10));
         assert!(cache.get("q", (2, 1), 0).is_none(), "the health epoch moved");
         cache.put("old".into(), (1, 5), answer(10));
-        assert_eq!(held(&cache), ["q"]);
+        assert_eq!(keys(&cache), ["q"]);
         cache.put("new".into(), (3, 0), answer(10));
-        assert_eq!((held(&cache), cache.bytes()), (vec!["new".to_string()], 10));
+        assert_eq!((keys(&cache), cache.bytes()), (vec!["new".to_string()], 10));
     }
 
     /// A body counts by the memory its buffer holds, not by the bytes it fills.

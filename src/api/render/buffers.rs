@@ -111,7 +111,7 @@ fn pooled(size: usize) -> bool {
 
 /// `capacity` rounded up to the next of eight steps between two powers of two: pages of one query
 /// differ by a few hundred bytes, and a buffer serves every body of its class, less than a quarter
-/// larger than the body (the response cache counts a body by its length).
+/// larger than asked (the response cache counts a body by its buffer).
 fn class(capacity: usize) -> usize {
     let step = (capacity.next_power_of_two() / 8).max(1);
     capacity.div_ceil(step) * step

@@ -71,7 +71,7 @@ fn prepare(entry: &Entry) -> Prepared {
 /// The same bytes as [`render`], from records prepared once.
 pub fn render_prepared(sel: &Selection<'_>, now: Millis, cache: &PreparedCache) -> Vec<u8> {
     let prepared = cache.page(&sel.page, Form::compact(), prepare);
-    let mut out = super::buffers::take(128 + prepared.iter().map(|p| p.bytes()).sum::<usize>());
+    let mut out = super::buffers::take(super::prepared::page_len(&prepared));
     out.extend_from_slice(br#"{"discovered_at":""#);
     out.extend_from_slice(rfc3339(now).as_bytes());
     out.extend_from_slice(br#"","reasoners":["#);

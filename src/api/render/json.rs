@@ -241,7 +241,7 @@ mod erased {
 /// The same bytes as [`render`], from records prepared once per set of include flags.
 pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &PreparedCache) -> Vec<u8> {
     let prepared = cache.page(&sel.page, Form::json(q), |entry| prepare(entry, q));
-    let mut out = super::buffers::take(256 + prepared.iter().map(|p| p.bytes()).sum::<usize>());
+    let mut out = super::buffers::take(super::prepared::page_len(&prepared));
     out.extend_from_slice(br#"{"discovered_at":"#);
     out.extend_from_slice(&erased::Json::bytes(&rfc3339(now)));
     out.extend_from_slice(

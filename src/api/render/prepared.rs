@@ -40,6 +40,18 @@ fn include_bits(q: &Query) -> u8 {
         | u8::from(q.include_examples) << 3
 }
 
+/// Bytes a format writes for one record beyond its prepared parts and a separator after each, at
+/// most: the request-time values (health, lifecycle, last heartbeat) and the glue between them.
+const PER_RECORD: usize = 128;
+/// Bytes a page writes around its records (its opening with the totals, its close), at most.
+const PAGE_AROUND: usize = 512;
+
+/// Room for a page of `records` in any format: what its buffer is taken for, so that writing the page
+/// never grows it (a grown buffer is of no size class of `render::buffers`, which then frees it).
+pub fn page_len(records: &[Arc<Prepared>]) -> usize {
+    PAGE_AROUND + records.iter().map(|p| p.len + p.parts + PER_RECORD).sum::<usize>()
+}
+
 /// One record rendered once for one [`Form`].
 #[derive(Debug)]
 pub struct Prepared {
@@ -48,8 +60,8 @@ pub struct Prepared {
     /// Each reasoner's and each skill's bytes, in card order.
     pub reasoners: Box<[Box<[u8]>]>,
     pub skills: Box<[Box<[u8]>]>,
-    /// The sum of every part's length, counted once: a page asks it of each of its records, and
-    /// walking the parts again read memory the copy would not otherwise touch.
+    /// The sum of every part's length, counted once: a page asks it of each of its records
+    /// ([`page_len`]), and walking the parts again read memory the copy would not otherwise touch.
     len: usize,
     /// The number of parts.
     parts: usize,

@@ -107,8 +107,7 @@ pub fn render(sel: &Selection<'_>, q: &Query, now: Millis) -> Vec<u8> {
 /// The same bytes as [`render`], from records prepared once per set of include flags.
 pub fn render_prepared(sel: &Selection<'_>, q: &Query, now: Millis, cache: &PreparedCache) -> Vec<u8> {
     let prepared = cache.page(&sel.page, Form::xml(q), |entry| prepare(entry, q));
-    let mut x =
-        Xml { w: Writer::new(super::buffers::take(256 + prepared.iter().map(|p| p.bytes()).sum::<usize>())) };
+    let mut x = Xml { w: Writer::new(super::buffers::take(super::prepared::page_len(&prepared))) };
     opening(&mut x, sel, q, now);
     let mut out = x.w.into_inner();
     for (hit, p) in sel.page.iter().zip(&prepared) {

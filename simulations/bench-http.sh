@@ -16,7 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-AGENTS=${AGENTS:-10000}
+# Exported: `wrk-uncached.lua` reads it for the range of its random offsets.
+export AGENTS=${AGENTS:-10000}
 PORT=${PORT:-18080}
 NGINX_PORT=$((PORT + 1))
 DURATION=${DURATION:-20}
@@ -74,6 +75,14 @@ stop_daemon() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 rss() { awk '/VmRSS|VmHWM/ {printf "%s %d MB  ", $1, $2/1024}' "/proc/$pid/status"; echo; }
 # The daemon's minor page faults so far (field 10 of /proc/PID/stat; the name in field 2 has no spaces).
 faults() { awk '{print $10}' "/proc/$pid/stat"; }
+# faulted COMMAND...: runs it, then prints the daemon's page faults meanwhile and its RSS.
+faulted() {
+  local before
+  before=$(faults)
+  "$@"
+  echo "page faults during the run: $(( $(faults) - before ))"
+  echo "rss: $(rss)"
+}
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(awk '/MemTotal/ {printf "%d GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
 
 echo "== start-up with $AGENTS agents"
@@ -89,10 +98,7 @@ start_daemon
 echo "rss after start: $(rss)"
 
 echo "== closed loop, cached query, wrk -t1 -c1000 -d${DURATION}s"
-before=$(faults)
-wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$PORT$QUERY"
-echo "page faults during the run: $(( $(faults) - before ))"
-echo "rss: $(rss)"
+faulted wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$PORT$QUERY"
 
 echo "== the same bytes from nginx (sendfile, $(nproc) workers), wrk -t1 -c1000 -d${DURATION}s"
 mkdir -p "$work/nginx/html" "$work/nginx/logs"
@@ -121,10 +127,8 @@ wrk -t1 -c1000 -d"${DURATION}s" --latency "http://127.0.0.1:$NGINX_PORT/page.jso
 kill "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
 
 echo "== closed loop, uncached queries, wrk -t1 -c1000 -d${DURATION}s -s simulations/wrk-uncached.lua"
-before=$(faults)
-AGENTS=$AGENTS wrk -t1 -c1000 -d"${DURATION}s" --latency -s simulations/wrk-uncached.lua "http://127.0.0.1:$PORT"
-echo "page faults during the run: $(( $(faults) - before ))"
-echo "rss: $(rss)"
+faulted wrk -t1 -c1000 -d"${DURATION}s" --latency -s simulations/wrk-uncached.lua \
+  "http://127.0.0.1:$PORT"
 
 if [ "$FIXED_RATE" != 0 ]; then
   echo "== fixed rate 1000 req/s, oha -c 1000 -q 1000 -z ${DURATION}s --latency-correction"

@@ -131,11 +131,17 @@ def mesh_arguments(ap, publishers, timeout):
     ap.add_argument("--timeout", type=float, default=timeout)
 
 
-def wait_full_view(daemons, agents, timeout, what="the mesh"):
-    """Waits until every one of `daemons` holds `agents` agents `active`, polling once a second (each
-    status answer costs its daemon CPU); the seconds it took. Exits the script after `timeout` seconds."""
+def held(daemon):
+    """Agents `daemon` holds, whatever their health; 0 while it is too busy to answer its status in time."""
+    return sum(records(daemon).values())
+
+
+def wait_full_view(daemons, agents, timeout, what="the mesh", count=active):
+    """Waits until every one of `daemons` holds `agents` agents `active` (or as `count` counts them:
+    `held` for every agent whatever its health), polling once a second (each status answer costs its
+    daemon CPU); the seconds it took. Exits the script after `timeout` seconds."""
     started = time.time()
-    while any(active(d) < agents for d in daemons):
+    while any(count(d) < agents for d in daemons):
         if time.time() - started > timeout:
             raise SystemExit(f"{what}: no full view within {timeout} s")
         time.sleep(1.0)

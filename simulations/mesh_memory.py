@@ -12,8 +12,11 @@ seconds since the last publisher started, then the minimum, median and maximum o
 heap's live bytes (`agentmesh_heap_live_bytes`) and of the resident memory (VmRSS), in MB; then the
 members holding the least and the most live bytes at the last sample, by their start order. Live bytes
 that stay while resident memory stays higher still tell the program's memory from the allocator's (see
-README, "Metrics"). Then it restarts the first member on its data directory and prints the same two
-figures for it 30 s after it holds every agent again: a member of the same mesh that caught up nothing.
+README, "Metrics"); each sample also gives the anonymous part of the resident memory (RssAnon). Then it
+restarts the first member on its data directory and prints the same figures for it 30 s after it holds
+every agent again: a member of the same mesh that caught up nothing. Last, it stops the mesh and starts
+that data directory alone, with no bootstrap, and prints them 30 s after it holds every agent: the lone
+node a member is compared with.
 """
 
 import argparse
@@ -21,12 +24,19 @@ import sys
 import tempfile
 import time
 
-from daemon import Daemon, mesh_arguments, populate, records, rss_mb, status_mb, wait_full_view
+from daemon import Daemon, held, mesh_arguments, populate, rss_mb, status_mb, wait_full_view
 
 
 def spread(values):
     values = sorted(values)
     return f"{values[0]:.1f} / {values[len(values) // 2]:.1f} / {values[-1]:.1f}"
+
+
+def figures(daemon):
+    """The heap's live bytes, the resident memory and its anonymous part, in MB."""
+    pid = daemon.proc.pid
+    return (f"heap live {daemon.heap_live_mb() or 0.0:.1f} MB, resident {rss_mb(pid):.1f} MB "
+            f"(anonymous {status_mb(pid, 'RssAnon'):.1f})")
 
 
 def main():
@@ -48,7 +58,8 @@ def main():
         took = wait_full_view(members, opts.agents, opts.timeout)
         print(f"{opts.publishers} publishers, {opts.agents} agents: full view {took:.1f} s "
               "after the last started", flush=True)
-        print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB) | of it anonymous")
+        print("since start | heap live, min / median / max (MB) | resident, min / median / max (MB) "
+              "| of it anonymous")
         for _ in range(opts.samples):
             live = [m.heap_live_mb() or 0.0 for m in members]
             resident = [rss_mb(m.proc.pid) for m in members]
@@ -65,23 +76,15 @@ def main():
         wait_full_view(members[:1], opts.agents, opts.timeout, "the restarted member")
         # As long as the others had between their full view and their first sample, and more.
         time.sleep(30)
-        print(f"restarted on its data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
-              f"resident {rss_mb(members[0].proc.pid):.1f} MB (anonymous {status_mb(members[0].proc.pid, 'RssAnon'):.1f})",
-              flush=True)
-        # The same data directory once more, with the mesh gone: a lone node holding the same view.
+        print(f"restarted on its data: {figures(members[0])}", flush=True)
+        # The same data directory once more, with the mesh gone: a lone node holding the same view. Alone,
+        # the others' agents do not stay `active`: it is waited for until it holds them all.
         for m in members:
             m.stop()
         members[0] = Daemon(opts.bin, dirs[0], [])
-        # Alone, the others' agents are not `active` for long: wait until it holds them all.
-        deadline = time.time() + opts.timeout
-        while sum(records(members[0]).values()) < opts.agents:
-            if time.time() > deadline:
-                raise SystemExit("the lone node: not every agent within the timeout")
-            time.sleep(0.5)
+        wait_full_view(members[:1], opts.agents, opts.timeout, "the lone node", count=held)
         time.sleep(30)
-        print(f"alone on the same data: heap live {members[0].heap_live_mb() or 0.0:.1f} MB, "
-              f"resident {rss_mb(members[0].proc.pid):.1f} MB (anonymous {status_mb(members[0].proc.pid, 'RssAnon'):.1f})",
-              flush=True)
+        print(f"alone on the same data: {figures(members[0])}", flush=True)
     finally:
         for m in members:
             m.stop()

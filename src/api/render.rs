@@ -22,7 +22,7 @@ pub fn skill_target(agent_id: &str, skill_id: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use super::prepared::PreparedCache;
+    use super::prepared::{Form, PreparedCache};
     use crate::card::AgentCard;
     use crate::query::{select, Query, Selection};
     use crate::registry::health::{Millis, Reported, Thresholds};
@@ -73,6 +73,7 @@ mod tests {
     fn same_bytes(
         plain: impl Fn(&Selection<'_>, &Query, Millis) -> Vec<u8>,
         prepared: impl Fn(&Selection<'_>, &Query, Millis, &PreparedCache) -> Vec<u8>,
+        form: impl Fn(&Query) -> Form,
     ) {
         let entries = entries();
         let cache = PreparedCache::default();
@@ -97,7 +98,12 @@ mod tests {
                     String::from_utf8(want.clone()).unwrap(),
                     "{raw}"
                 );
-                assert_eq!(prepared(&sel, &q, now, &cache), want, "{raw}, cached");
+                let body = prepared(&sel, &q, now, &cache);
+                assert_eq!(body, want, "{raw}, cached");
+                // The page was written into the room taken for it, never grown (these pages are below
+                // the pool's sizes, so the room is exactly what was asked).
+                let records = cache.page(&sel.page, form(&q), |_| unreachable!("prepared above"));
+                assert_eq!(body.capacity(), super::prepared::page_len(&records), "{raw}: the room taken");
             }
         }
         assert!(cache.bytes() > 0);
@@ -105,11 +111,12 @@ mod tests {
 
     #[test]
     fn every_prepared_renderer_gives_the_plain_renderers_bytes() {
-        same_bytes(super::json::render, super::json::render_prepared);
-        same_bytes(super::xml::render, super::xml::render_prepared);
+        same_bytes(super::json::render, super::json::render_prepared, Form::json);
+        same_bytes(super::xml::render, super::xml::render_prepared, Form::xml);
         same_bytes(
             |sel, _, now| super::compact::render(sel, now),
             |sel, _, now, cache| super::compact::render_prepared(sel, now, cache),
+            |_| Form::compact(),
         );
     }
 }
